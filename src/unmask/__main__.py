@@ -1,0 +1,3 @@
+from unmask.cli import main
+
+raise SystemExit(main())

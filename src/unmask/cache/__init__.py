@@ -1,0 +1,6 @@
+"""KV storage and the cache policies that decide which positions each forward recomputes."""
+
+from unmask.cache.kv import StaticKV
+from unmask.cache.policy import CACHES, CachePolicy, ForwardPlan, make_cache_policy
+
+__all__ = ["StaticKV", "CACHES", "CachePolicy", "ForwardPlan", "make_cache_policy"]

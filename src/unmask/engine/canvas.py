@@ -1,0 +1,68 @@
+"""Per-batch decoding state: the canvas of token ids, positions, padding and row identities."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Canvas:
+    """Prompts are left-padded to a common length P so that block boundaries are the same
+    columns in every row; padding is masked out of attention and positions count from each
+    row's first real token. Finished rows leave the batch through `select`."""
+
+    x: torch.Tensor  # (B, L) token ids: [pad.. prompt | gen_length masks]
+    positions: torch.Tensor  # (B, L) RoPE positions
+    key_mask: torch.Tensor | None  # (B, L) True = real token; None when no row is padded
+    rows: torch.Tensor  # (B,) index of each row in the original batch
+    prompt_len: int  # P, columns before the generation region
+
+    @classmethod
+    def build(
+        cls, prompts: list[list[int]], gen_length: int, mask_id: int, pad_id: int, device: torch.device
+    ) -> "Canvas":
+        lengths = torch.tensor([len(p) for p in prompts])
+        P = int(lengths.max())
+        x = torch.full((len(prompts), P + gen_length), mask_id, dtype=torch.long)
+        x[:, :P] = pad_id
+        for r, p in enumerate(prompts):  # host-side setup, once per request batch
+            x[r, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        pad = (P - lengths)[:, None]
+        cols = torch.arange(P + gen_length)[None, :]
+        positions = (cols - pad).clamp(min=0)
+        key_mask = (cols >= pad) if bool((pad > 0).any()) else None
+        rows = torch.arange(len(prompts))
+        to = dict(device=device)
+        return cls(
+            x.to(**to),
+            positions.to(**to),
+            None if key_mask is None else key_mask.to(**to),
+            rows.to(**to),
+            P,
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.x.shape[1]
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.x = self.x[keep]
+        self.positions = self.positions[keep]
+        self.rows = self.rows[keep]
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask[keep]
+
+
+def finished_rows(gen: torch.Tensor, mask_id: int, stop_ids: torch.Tensor) -> torch.Tensor:
+    """(B, G) generated region -> (B,) bool: the row has committed a stop token and every
+    position before its first stop token is committed."""
+    is_stop = torch.isin(gen, stop_ids)
+    has_stop = is_stop.any(-1)
+    first = torch.where(has_stop, is_stop.int().argmax(-1), gen.shape[-1])
+    cols = torch.arange(gen.shape[-1], device=gen.device)[None, :]
+    masked_before = ((gen == mask_id) & (cols < first[:, None])).any(-1)
+    return has_stop & ~masked_before

@@ -1,0 +1,13 @@
+"""User-facing errors.
+
+Every error a user can cause (bad argument, bad checkpoint folder) is an `UnmaskError` whose
+message names the offending value. The CLI prints it on one line and exits with status 2.
+"""
+
+
+class UnmaskError(ValueError):
+    """A problem with user input or with a checkpoint folder, with a message naming the value."""
+
+
+class CheckpointError(UnmaskError):
+    """A checkpoint folder is missing files, has unknown architecture, or mismatching tensors."""

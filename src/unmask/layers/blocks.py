@@ -1,0 +1,43 @@
+"""Functional pieces of a pre-norm transformer block, shared by the model families.
+
+Model files own the parameters (named exactly as the released checkpoints name them) and call
+these functions, so the arithmetic is written once.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from unmask.layers.attention import KVBuffer, attend
+from unmask.layers.rope import apply_rotary
+
+
+def self_attention(
+    x: torch.Tensor,
+    q_proj: nn.Linear,
+    k_proj: nn.Linear,
+    v_proj: nn.Linear,
+    o_proj: nn.Linear,
+    n_heads: int,
+    n_kv_heads: int,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    kv: KVBuffer | None,
+    layer: int,
+    kv_start: int,
+    key_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """x (B, q, d) -> (B, q, d). Keys are rotated before they reach the KV buffer."""
+    b, n, _ = x.shape
+    q = q_proj(x).view(b, n, n_heads, -1).transpose(1, 2)
+    k = k_proj(x).view(b, n, n_kv_heads, -1).transpose(1, 2)
+    v = v_proj(x).view(b, n, n_kv_heads, -1).transpose(1, 2)
+    cos, sin = rope
+    q = apply_rotary(q, cos, sin)
+    k = apply_rotary(k, cos, sin)
+    if kv is not None:
+        k, v = kv.update(layer, k, v, kv_start)
+    return o_proj(attend(q, k, v, key_mask))
+
+
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    return down(F.silu(gate(x)) * up(x))

@@ -1,0 +1,75 @@
+"""What every model family exposes to the engine: a config, a forward that returns logits."""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from unmask.layers.attention import KVBuffer
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """Architecture facts the engine needs, normalised across families."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    rope_theta: float
+    norm_eps: float
+    max_positions: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+    # logits at hidden position j predict the token at j + logit_shift (Dream: 1, LLaDA: 0)
+    logit_shift: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def num_parameters(self, embeddings: bool = True) -> int:
+        d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
+        per_layer = attn + 3 * d * f + 2 * d
+        total = self.num_layers * per_layer + d
+        if embeddings:
+            total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
+        return total
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Special token ids, read from the checkpoint's config and tokenizer files."""
+
+    mask: int
+    eos: int
+    pad: int | None = None
+    bos: int | None = None
+    # every id that ends a generation (EOS, end-of-turn, ...), EOS included
+    stop: tuple[int, ...] = field(default=())
+
+
+class DiffusionLM(nn.Module):
+    """Base class: a bidirectional transformer that maps token ids to logits.
+
+    forward(input_ids (B, q), positions (B, q), kv, kv_start, key_mask (B, Lk), logits_slice)
+      -> logits (B, n, V) for the hidden positions selected by `logits_slice` (all q if None).
+    Models know nothing about commit policies or cache policies; `kv` is a KVBuffer or None.
+    """
+
+    config: ArchConfig
+
+    def forward(  # pragma: no cover - interface
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVBuffer | None = None,
+        kv_start: int = 0,
+        key_mask: torch.Tensor | None = None,
+        logits_slice: slice | None = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError

@@ -1,0 +1,115 @@
+"""Dream (Qwen2 layout, run bidirectionally). Parameter names equal the released checkpoint keys:
+model.{embed_tokens, layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+mlp.{gate,up,down}_proj}, norm}, lm_head. q/k/v carry biases.
+
+Dream was initialised from an autoregressive model: the hidden state at position j predicts the
+token at j + 1 (ArchConfig.logit_shift = 1). The engine, not the model, aligns logits to tokens.
+"""
+
+import torch
+from torch import nn
+
+from unmask.errors import CheckpointError
+from unmask.layers.attention import KVBuffer
+from unmask.layers.blocks import self_attention, swiglu
+from unmask.layers.norm import RMSNorm
+from unmask.layers.rope import RotaryEmbedding
+from unmask.models.base import ArchConfig, DiffusionLM
+
+
+def dream_arch(cfg: dict) -> ArchConfig:
+    if cfg.get("rope_scaling"):
+        raise CheckpointError(f"config.json: unsupported Dream option rope_scaling={cfg['rope_scaling']!r}")
+    try:
+        heads = int(cfg["num_attention_heads"])
+        return ArchConfig(
+            family="dream",
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_positions=int(cfg.get("max_position_embeddings", 2048)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=True,
+            logit_shift=1,
+        )
+    except KeyError as e:
+        raise CheckpointError(f"config.json: Dream config lacks required field {e.args[0]!r}") from None
+
+
+class _Attention(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        d, hd = c.hidden_size, c.head_dim
+        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=True)
+        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=True)
+        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=True)
+        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+
+class DreamLayer(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
+        self.self_attn = _Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
+        self.mlp = _MLP(c)
+        self.heads = (c.num_heads, c.num_kv_heads)
+
+    def forward(self, x, rope, kv, layer, kv_start, key_mask):
+        a = self.self_attn
+        h = self.input_layernorm(x)
+        x = x + self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, *self.heads, rope, kv, layer, kv_start, key_mask)
+        m = self.mlp
+        return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+
+
+class _Backbone(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DreamLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.norm_eps)
+
+
+class DreamModel(DiffusionLM):
+    def __init__(self, config: ArchConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = _Backbone(config)
+        if not config.tie_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVBuffer | None = None,
+        kv_start: int = 0,
+        key_mask: torch.Tensor | None = None,
+        logits_slice: slice | None = None,
+    ) -> torch.Tensor:
+        m = self.model
+        x = m.embed_tokens(input_ids)
+        rope = self.rope(positions)
+        for i, layer in enumerate(m.layers):
+            x = layer(x, rope, kv, i, kv_start, key_mask)
+        if logits_slice is not None:
+            x = x[:, logits_slice]
+        x = m.norm(x)
+        if self.config.tie_embeddings:
+            return x @ m.embed_tokens.weight.T
+        return self.lm_head(x)

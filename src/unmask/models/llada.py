@@ -1,0 +1,118 @@
+"""LLaDA (OLMo-derived, block_type "llama"). Parameter names equal the released checkpoint keys:
+model.transformer.{wte, blocks.{i}.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
+up_proj, ff_out}, ln_f, ff_out}."""
+
+import torch
+from torch import nn
+
+from unmask.errors import CheckpointError
+from unmask.layers.attention import KVBuffer
+from unmask.layers.blocks import self_attention, swiglu
+from unmask.layers.norm import RMSNorm
+from unmask.layers.rope import RotaryEmbedding
+from unmask.models.base import ArchConfig, DiffusionLM
+
+# config.json values this implementation reproduces; anything else is refused by name.
+_REQUIRED = {
+    "block_type": "llama",
+    "layer_norm_type": "rms",
+    "activation_type": "silu",
+    "alibi": False,
+    "include_bias": False,
+    "scale_logits": False,
+    "rope": True,
+    "block_group_size": 1,
+}
+
+
+def llada_arch(cfg: dict) -> ArchConfig:
+    for key, want in _REQUIRED.items():
+        if key in cfg and cfg[key] != want:
+            raise CheckpointError(f"config.json: unsupported LLaDA option {key}={cfg[key]!r} (supported: {want!r})")
+    try:
+        d, heads = int(cfg["d_model"]), int(cfg["n_heads"])
+        hidden = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4)) * d
+        return ArchConfig(
+            family="llada",
+            vocab_size=int(cfg.get("embedding_size") or cfg["vocab_size"]),
+            hidden_size=d,
+            num_layers=int(cfg["n_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("n_kv_heads") or heads),
+            intermediate_size=int(hidden),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            max_positions=int(cfg.get("max_sequence_length", 4096)),
+            tie_embeddings=bool(cfg.get("weight_tying", False)),
+            qkv_bias=bool(cfg.get("include_qkv_bias", False)),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"config.json: LLaDA config lacks required field {e.args[0]!r}") from None
+
+
+class LLaDABlock(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        d, hd = c.hidden_size, c.head_dim
+        self.attn_norm = RMSNorm(d, c.norm_eps)
+        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
+        self.attn_out = nn.Linear(c.num_heads * hd, d, bias=False)
+        self.ff_norm = RMSNorm(d, c.norm_eps)
+        self.ff_proj = nn.Linear(d, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, c.intermediate_size, bias=False)
+        self.ff_out = nn.Linear(c.intermediate_size, d, bias=False)
+        self.heads = (c.num_heads, c.num_kv_heads)
+
+    def forward(self, x, rope, kv, layer, kv_start, key_mask):
+        h = self.attn_norm(x)
+        x = x + self_attention(
+            h, self.q_proj, self.k_proj, self.v_proj, self.attn_out, *self.heads, rope, kv, layer, kv_start, key_mask
+        )
+        return x + swiglu(self.ff_norm(x), self.ff_proj, self.up_proj, self.ff_out)
+
+
+class _Transformer(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.blocks = nn.ModuleList(LLaDABlock(c) for _ in range(c.num_layers))
+        self.ln_f = RMSNorm(c.hidden_size, c.norm_eps)
+        if not c.tie_embeddings:
+            self.ff_out = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+
+
+class _Inner(nn.Module):
+    def __init__(self, c: ArchConfig) -> None:
+        super().__init__()
+        self.transformer = _Transformer(c)
+
+
+class LLaDAModel(DiffusionLM):
+    def __init__(self, config: ArchConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = _Inner(config)
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVBuffer | None = None,
+        kv_start: int = 0,
+        key_mask: torch.Tensor | None = None,
+        logits_slice: slice | None = None,
+    ) -> torch.Tensor:
+        t = self.model.transformer
+        x = t.wte(input_ids)
+        rope = self.rope(positions)
+        for i, block in enumerate(t.blocks):
+            x = block(x, rope, kv, i, kv_start, key_mask)
+        if logits_slice is not None:
+            x = x[:, logits_slice]
+        x = t.ln_f(x)
+        if self.config.tie_embeddings:
+            return x @ t.wte.weight.T
+        return t.ff_out(x)

@@ -1,0 +1,104 @@
+"""Strict loader for a local Hugging Face checkpoint folder (single or sharded safetensors).
+
+The module is built on the meta device and the checkpoint tensors are assigned to it, so the
+weights are held in memory once. Any missing file, unknown architecture, missing or unexpected
+key, or shape mismatch is a CheckpointError that names it.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from unmask.errors import CheckpointError
+from unmask.models.base import DiffusionLM
+from unmask.models.registry import resolve_family
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# buffers some exporters write that are recomputed here, never parameters
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"missing file {path}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """'auto'/None: float32 on CPU (bf16 is several times slower there), bfloat16 on GPU."""
+    if name in (None, "auto"):
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if name not in DTYPES:
+        raise CheckpointError(f"unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def weight_files(folder: Path) -> dict[str, Path]:
+    """tensor name -> shard file, from model.safetensors.index.json or a single model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map")
+        out = {}
+        for key, shard in weight_map.items():
+            p = Path(shard)
+            if p.is_absolute() or ".." in p.parts or len(p.parts) != 1:
+                raise CheckpointError(f"{index}: shard name {shard!r} for {key!r} is not a plain file name")
+            if not (folder / p).exists():
+                raise CheckpointError(f"missing shard {folder / p} (listed for {key!r} in {index.name})")
+            out[key] = folder / p
+        return out
+    single = folder / "model.safetensors"
+    if not single.exists():
+        raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    with safe_open(single, framework="pt") as f:
+        return {k: single for k in f.keys()}
+
+
+def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu") -> tuple[DiffusionLM, dict]:
+    """Load the model in `path`; returns (model in eval mode, raw config.json dict)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"model folder {folder} does not exist")
+    cfg = read_json(folder / "config.json")
+    family = resolve_family(cfg)
+    arch = family.arch(cfg)
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    with torch.device("meta"):
+        model = family.cls(arch)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
+    missing = sorted(set(expected) - set(files))
+    unexpected = sorted(set(files) - set(expected))
+    if missing:
+        raise CheckpointError(f"{folder}: missing weights {_few(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{folder}: unexpected weights {_few(unexpected)}")
+    state = {}
+    by_file: dict[Path, list[str]] = {}
+    for k, f in files.items():
+        by_file.setdefault(f, []).append(k)
+    for f, keys in by_file.items():
+        with safe_open(f, framework="pt", device="cpu") as sf:
+            for k in keys:
+                t = sf.get_tensor(k)
+                if tuple(t.shape) != tuple(expected[k]):
+                    raise CheckpointError(
+                        f"{f.name}: weight {k!r} has shape {tuple(t.shape)}, expected {tuple(expected[k])}"
+                    )
+                state[k] = t.to(device=device, dtype=torch_dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval(), cfg
+
+
+def _few(keys: list[str], n: int = 5) -> str:
+    more = f" (and {len(keys) - n} more)" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more

@@ -1,0 +1,37 @@
+"""Model families by config.json `model_type` / `architectures`. Remote code is never executed:
+`auto_map` entries are ignored."""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from unmask.errors import CheckpointError
+from unmask.models.base import ArchConfig, DiffusionLM
+from unmask.models.dream import DreamModel, dream_arch
+from unmask.models.llada import LLaDAModel, llada_arch
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    architectures: tuple[str, ...]
+    arch: Callable[[dict], ArchConfig]
+    cls: type[DiffusionLM]
+
+
+FAMILIES = (
+    Family("llada", ("llada",), ("LLaDAModelLM",), llada_arch, LLaDAModel),
+    Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel),
+)
+
+
+def resolve_family(cfg: dict) -> Family:
+    model_type = str(cfg.get("model_type", "")).lower()
+    archs = cfg.get("architectures") or []
+    for fam in FAMILIES:
+        if model_type in fam.model_types or any(a in fam.architectures for a in archs):
+            return fam
+    known = ", ".join(t for f in FAMILIES for t in f.model_types)
+    raise CheckpointError(
+        f"config.json: unknown model_type {cfg.get('model_type')!r} (architectures {archs!r}); supported: {known}"
+    )

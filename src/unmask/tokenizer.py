@@ -1,0 +1,148 @@
+"""Tokenizer from a checkpoint folder without transformers or remote code.
+
+`tokenizer.json` is loaded with the tokenizers library; a folder with only `vocab.json` +
+`merges.txt` (Dream / Qwen2 layout) gets the equivalent byte-level BPE. The chat template comes
+from `chat_template.jinja` or `tokenizer_config.json` and is rendered with jinja2 the way
+transformers renders it. Special token ids are read from the files, never hard-coded.
+"""
+
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from unmask.errors import CheckpointError
+from unmask.models.base import TokenIds
+from unmask.models.loader import read_json
+
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "[MASK]", "<mask>")
+_END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>")
+
+
+def _content(tok) -> str | None:
+    return tok.get("content") if isinstance(tok, dict) else tok
+
+
+class Tokenizer:
+    def __init__(self, tok: HFTokenizer, config: dict, chat_template: str | None) -> None:
+        self.tok = tok
+        self.config = config
+        self.chat_template = chat_template
+        self._template = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Tokenizer":
+        folder = Path(path)
+        cfg_path = folder / "tokenizer_config.json"
+        config = read_json(cfg_path) if cfg_path.exists() else {}
+        if (folder / "tokenizer.json").exists():
+            try:
+                tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+            except Exception as e:  # the tokenizers library raises a bare Exception on bad files
+                raise CheckpointError(f"{folder / 'tokenizer.json'} could not be read: {e}") from None
+        elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
+            tok = _byte_level_bpe(folder, config)
+        else:
+            raise CheckpointError(f"{folder}: no tokenizer.json (or vocab.json + merges.txt)")
+        template = None
+        if (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        elif isinstance(config.get("chat_template"), str):
+            template = config["chat_template"]
+        return cls(tok, config, template)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self.tok.token_to_id(text)
+
+    def special(self, name: str) -> str | None:
+        """A special token string from tokenizer_config.json, e.g. special('eos_token')."""
+        return _content(self.config.get(name))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise CheckpointError("this tokenizer has no chat template")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        names = ("bos_token", "eos_token", "pad_token", "unk_token")
+        specials = {n: self.special(n) or "" for n in names}
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+
+    def encode_prompt(self, text: str, chat: bool) -> list[int]:
+        """A user prompt as ids: rendered through the chat template (which writes its own BOS) or
+        encoded plainly with the tokenizer's own special-token rules."""
+        if chat:
+            return self.encode(self.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False)
+        return self.encode(text)
+
+
+def _raise(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _byte_level_bpe(folder: Path, config: dict) -> HFTokenizer:
+    """Qwen2's tokenizer (vocab.json + merges.txt + added tokens from tokenizer_config.json)."""
+    tok = HFTokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    added = config.get("added_tokens_decoder") or {}
+    for idx in sorted(added, key=int):
+        spec = added[idx]
+        tok.add_special_tokens([AddedToken(spec["content"], special=bool(spec.get("special", True)), normalized=False)])
+        got = tok.token_to_id(spec["content"])
+        if got != int(idx):
+            raise CheckpointError(f"tokenizer_config.json: added token {spec['content']!r} got id {got}, expected {idx}")
+    return tok
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> TokenIds:
+    """Mask, EOS, pad, BOS and stop ids from config.json, generation_config.json and the tokenizer."""
+    mask = config.get("mask_token_id")
+    if mask is None:
+        mask = next((tok.token_id(s) for s in _MASK_STRINGS if tok.token_id(s) is not None), None)
+    if mask is None:
+        raise CheckpointError("no mask token: config.json has no mask_token_id and the tokenizer has no mask token")
+    eos_list = _ids(config.get("eos_token_id")) or _ids(tok.token_id(tok.special("eos_token")))
+    if not eos_list:
+        raise CheckpointError("no end-of-text token: config.json has no eos_token_id and tokenizer_config.json no eos_token")
+    pad = _ids(config.get("pad_token_id")) or _ids(tok.token_id(tok.special("pad_token")))
+    bos = _ids(config.get("bos_token_id")) or _ids(tok.token_id(tok.special("bos_token")))
+    stop = set(eos_list) | set(_ids(generation_config.get("eos_token_id")))
+    stop |= set(_ids(tok.token_id(tok.special("eos_token"))))
+    stop |= {i for i in (tok.token_id(s) for s in _END_OF_TURN_STRINGS) if i is not None}
+    stop.discard(int(mask))
+    return TokenIds(
+        mask=int(mask),
+        eos=eos_list[0],
+        pad=pad[0] if pad else None,
+        bos=bos[0] if bos else None,
+        stop=tuple(sorted(stop)),
+    )

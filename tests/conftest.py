@@ -1,0 +1,34 @@
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+from checkpoints import write_dream, write_llada  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory):
+    return write_llada(tmp_path_factory.mktemp("llada"))
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory):
+    return write_dream(tmp_path_factory.mktemp("dream"))
+
+
+@pytest.fixture(scope="session")
+def llada(llada_dir):
+    from unmask import LLM
+
+    return LLM(llada_dir)
+
+
+@pytest.fixture(scope="session")
+def dream(dream_dir):
+    from unmask import LLM
+
+    return LLM(dream_dir)
