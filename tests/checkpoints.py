@@ -93,7 +93,11 @@ def write_llada(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shar
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     (folder / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     g = torch.Generator().manual_seed(seed)
-    _save_sharded(folder, llada_tensors(V, d, layers, heads, kv_heads, ff, g), shards)
+    t = llada_tensors(V, d, layers, heads, kv_heads, ff, g)
+    # the references can propose MASK and then never finish (reference-semantics gotcha 13):
+    # give MASK a zero output row so no model here ever prefers it
+    t["model.transformer.ff_out.weight"][cfg["mask_token_id"]] = 0
+    _save_sharded(folder, t, shards)
     return folder
 
 
@@ -136,5 +140,7 @@ def write_dream(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shar
     tok_cfg = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "tokenizer_class": "DreamTokenizer"}
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
     g = torch.Generator().manual_seed(seed)
-    _save_sharded(folder, dream_tensors(V, d, layers, heads, kv_heads, ff, g), shards)
+    t = dream_tensors(V, d, layers, heads, kv_heads, ff, g)
+    t["lm_head.weight"][cfg["mask_token_id"]] = 0
+    _save_sharded(folder, t, shards)
     return folder

@@ -88,7 +88,10 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         by_file.setdefault(f, []).append(k)
     for f, keys in by_file.items():
         with safe_open(f, framework="pt", device="cpu") as sf:
+            present = set(sf.keys())
             for k in keys:
+                if k not in present:
+                    raise CheckpointError(f"{f.name} does not contain weight {k!r} that the index lists")
                 t = sf.get_tensor(k)
                 if tuple(t.shape) != tuple(expected[k]):
                     raise CheckpointError(

@@ -1,0 +1,361 @@
+"""Independent reference implementations used only by the tests.
+
+- RefModel: a plain forward written from the published architecture descriptions, with the
+  Fast-dLLM KV-cache semantics (keys cached *before* RoPE and re-rotated on every call; prefix
+  mode concatenates, dual mode overwrites `replace_position` in place).
+- fastdllm_*: ports of Fast-dLLM v1 (latest) generate / prefix / dual-cache loops.
+- llada_generate: port of LLaDA's official generate.
+- dream_generate: port of Dream's diffusion_generate `_sample`.
+They follow reference-semantics.md line by line and use the global torch RNG like upstream.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+
+class RefModel:
+    def __init__(self, folder):
+        folder = Path(folder)
+        self.cfg = json.loads((folder / "config.json").read_text())
+        self.w = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            self.w.update(load_file(str(f)))
+        c = self.cfg
+        self.dream = c["model_type"] == "Dream"
+        if self.dream:
+            self.L, self.H = c["num_hidden_layers"], c["num_attention_heads"]
+            self.Hkv, self.eps, self.theta = c["num_key_value_heads"], c["rms_norm_eps"], c["rope_theta"]
+            self.d = c["hidden_size"]
+        else:
+            self.L, self.H, self.Hkv = c["n_layers"], c["n_heads"], c["n_kv_heads"]
+            self.eps, self.theta, self.d = c["rms_norm_eps"], c["rope_theta"], c["d_model"]
+        self.hd = self.d // self.H
+
+    def _names(self, i):
+        if self.dream:
+            p = f"model.layers.{i}."
+            return dict(an=p + "input_layernorm", q=p + "self_attn.q_proj", k=p + "self_attn.k_proj",
+                        v=p + "self_attn.v_proj", o=p + "self_attn.o_proj", fn=p + "post_attention_layernorm",
+                        g=p + "mlp.gate_proj", u=p + "mlp.up_proj", dn=p + "mlp.down_proj")
+        p = f"model.transformer.blocks.{i}."
+        return dict(an=p + "attn_norm", q=p + "q_proj", k=p + "k_proj", v=p + "v_proj", o=p + "attn_out",
+                    fn=p + "ff_norm", g=p + "ff_proj", u=p + "up_proj", dn=p + "ff_out")
+
+    def _lin(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
+    def _norm(self, x, name):
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.w[name + ".weight"] * xf.to(x.dtype)
+
+    def _rope(self, t, positions):
+        inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float) / self.hd))
+        freqs = torch.einsum("i , j -> i j", positions.float(), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sin, cos = emb.sin()[None, None], emb.cos()[None, None]
+        B, nh, T, hs = t.shape
+        x1, x2 = t.view(B, nh, T, 2, hs // 2).unbind(dim=-2)
+        rot = torch.cat((-x2, x1), dim=-1)
+        return (t * cos + rot * sin).to(t.dtype)
+
+    def __call__(self, x, past_key_values=None, replace_position=None, attention_bias=None, position_ids=None):
+        """x (B, T) -> logits (B, T, V) (unshifted), present list of (K pre-RoPE, V)."""
+        emb = "model.embed_tokens.weight" if self.dream else "model.transformer.wte.weight"
+        h = self.w[emb][x]
+        B, T = x.shape
+        presents = []
+        for i in range(self.L):
+            n = self._names(i)
+            a = self._norm(h, n["an"])
+            q = self._lin(a, n["q"]).view(B, T, self.H, self.hd).transpose(1, 2)
+            k = self._lin(a, n["k"]).view(B, T, self.Hkv, self.hd).transpose(1, 2)
+            v = self._lin(a, n["v"]).view(B, T, self.Hkv, self.hd).transpose(1, 2)
+            if past_key_values is not None:
+                pk, pv = past_key_values[i]
+                if replace_position is None:
+                    k, v = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+                else:
+                    for b in range(B):
+                        idx = replace_position[b].nonzero().squeeze(-1)
+                        pk[b, :, idx] = k[b]
+                        pv[b, :, idx] = v[b]
+                    k, v = pk, pv
+            presents.append((k, v))
+            key_len = k.shape[2]
+            if position_ids is not None:
+                qpos = kpos = position_ids
+                qr = torch.stack([self._rope(q[b : b + 1], qpos[b]) for b in range(B)])[:, 0]
+                kr = torch.stack([self._rope(k[b : b + 1], kpos[b]) for b in range(B)])[:, 0]
+            else:
+                end = key_len if replace_position is None else int(replace_position[0].nonzero().max()) + 1
+                qr = self._rope(q, torch.arange(end - T, end))
+                kr = self._rope(k, torch.arange(key_len))
+            rep = self.H // self.Hkv
+            kr, vr = kr.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            att = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=attention_bias, is_causal=False)
+            h = h + self._lin(att.transpose(1, 2).reshape(B, T, self.d), n["o"])
+            f = self._norm(h, n["fn"])
+            h = h + self._lin(F.silu(self._lin(f, n["g"])) * self._lin(f, n["u"]), n["dn"])
+        if self.dream:
+            h = self._norm(h, "model.norm")
+            return h @ self.w["lm_head.weight"].T, presents
+        h = self._norm(h, "model.transformer.ln_f")
+        return h @ self.w["model.transformer.ff_out.weight"].T, presents
+
+
+# ---------------------------------------------------------------- LLaDA / Fast-dLLM ports
+
+def add_gumbel_noise(logits, temperature):
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    noise = torch.rand_like(logits, dtype=torch.float64)
+    gumbel_noise = (-torch.log(noise)) ** temperature
+    return logits.exp() / gumbel_noise
+
+
+def get_num_transfer_tokens(mask_index, steps):
+    mask_num = mask_index.sum(dim=1, keepdim=True)
+    base = mask_num // steps
+    remainder = mask_num % steps
+    num = torch.zeros(mask_num.size(0), steps, dtype=torch.int64) + base
+    for i in range(mask_num.size(0)):
+        num[i, : remainder[i]] += 1
+    return num
+
+
+def get_transfer_index(logits, temperature, remasking, mask_index, x, num_transfer_tokens, threshold=None):
+    """Fast-dLLM latest (vectorised): sort-based top-k, threshold = (>= tau) plus argmax."""
+    x0 = torch.argmax(add_gumbel_noise(logits, temperature), dim=-1)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        x0_p = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+    else:
+        x0_p = torch.rand(x0.shape, dtype=torch.float64)
+    x0 = torch.where(mask_index, x0, x)
+    confidence = torch.where(mask_index, x0_p, torch.tensor(-np.inf, dtype=x0_p.dtype))
+    if threshold is not None:
+        transfer = mask_index & (confidence >= threshold)
+        best = confidence.argmax(dim=1)
+        force = torch.zeros_like(transfer)
+        force[torch.arange(x0.shape[0]), best] = True
+        transfer = transfer | (force & mask_index)
+        return x0, transfer
+    order = torch.sort(confidence, dim=1, descending=True).indices
+    transfer = torch.zeros_like(mask_index)
+    for j in range(x0.shape[0]):
+        k = int(num_transfer_tokens[j])
+        transfer[j, order[j, :k]] = True
+    return x0, transfer & mask_index
+
+
+def get_transfer_index_dynamic(logits, temperature, remasking, mask_index, x, factor=1.0):
+    x0 = torch.argmax(add_gumbel_noise(logits, temperature), dim=-1)
+    if remasking == "low_confidence":
+        p = F.softmax(logits.to(torch.float64), dim=-1)
+        x0_p = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+    else:
+        x0_p = torch.rand((x0.shape[0], x0.shape[1]))
+    x0 = torch.where(mask_index, x0, x)
+    confidence = torch.where(mask_index, x0_p, torch.tensor(-np.inf, dtype=x0_p.dtype))
+    transfer = torch.zeros_like(x0, dtype=torch.bool)
+    num = mask_index.sum(dim=1)
+    for j in range(confidence.shape[0]):
+        if num[j] == 0:
+            continue
+        ns = list(range(1, int(num[j]) + 1))
+        threshs = [1 - factor / (n + 1) for n in ns]
+        threshs[0] = -1
+        sorted_conf = torch.sort(confidence[j][mask_index[j]], dim=-1, descending=True)[0]
+        for top_i in range(len(threshs)):
+            if sorted_conf[top_i] < threshs[top_i]:
+                break
+        if top_i == 0 or top_i == len(threshs) - 1:
+            top_i += 1
+        _, select = torch.topk(confidence[j], k=top_i)
+        transfer[j, select] = True
+    return x0, transfer
+
+
+def _select(logits, temperature, remasking, mask_index, x, quota, threshold, factor):
+    if factor is None:
+        return get_transfer_index(logits, temperature, remasking, mask_index, x, quota if threshold is None else None, threshold)
+    return get_transfer_index_dynamic(logits, temperature, remasking, mask_index, x, factor)
+
+
+def _canvas(prompt, gen_length, mask_id):
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
+    x[:, : prompt.shape[1]] = prompt
+    return x
+
+
+@torch.no_grad()
+def fastdllm_generate(model, prompt, steps, gen_length, block_length, temperature=0.0,
+                      remasking="low_confidence", mask_id=0, threshold=None, factor=None):
+    x = _canvas(prompt, gen_length, mask_id)
+    num_blocks = gen_length // block_length
+    spb = steps // num_blocks
+    nfe = 0
+    for nb in range(num_blocks):
+        s = prompt.shape[1] + nb * block_length
+        e = s + block_length
+        quota = get_num_transfer_tokens(x[:, s:e] == mask_id, spb)
+        i = 0
+        while True:
+            nfe += 1
+            mask_index = x == mask_id
+            logits = model(x)[0]
+            mask_index[:, e:] = 0
+            q = quota[:, i] if i < spb else None
+            x0, tr = _select(logits, temperature, remasking, mask_index, x, q, threshold, factor)
+            x[tr] = x0[tr]
+            i += 1
+            if (x[:, s:e] == mask_id).sum() == 0:
+                break
+    return x, nfe
+
+
+@torch.no_grad()
+def fastdllm_prefix(model, prompt, steps, gen_length, block_length, temperature=0.0,
+                    remasking="low_confidence", mask_id=0, threshold=None, factor=None):
+    x = _canvas(prompt, gen_length, mask_id)
+    num_blocks = gen_length // block_length
+    spb = steps // num_blocks
+    nfe = 0
+    for nb in range(num_blocks):
+        s = prompt.shape[1] + nb * block_length
+        e = s + block_length
+        quota = get_num_transfer_tokens(x[:, s:e] == mask_id, spb)
+        logits, past = model(x)
+        mask_index = x == mask_id
+        mask_index[:, e:] = 0
+        x0, tr = _select(logits, temperature, remasking, mask_index, x, quota[:, 0], threshold, factor)
+        x[tr] = x0[tr]
+        past = [(k[:, :, :s], v[:, :, :s]) for k, v in past]
+        nfe += 1
+        i = 1
+        while (x[:, s:e] == mask_id).sum() > 0:
+            nfe += 1
+            mask_index = x[:, s:] == mask_id
+            mask_index[:, block_length:] = 0
+            logits, _ = model(x[:, s:], past_key_values=past)
+            q = quota[:, i] if i < spb else None
+            x0, tr = _select(logits, temperature, remasking, mask_index, x[:, s:], q, threshold, factor)
+            x[:, s:][tr] = x0[tr]
+            i += 1
+    return x, nfe
+
+
+@torch.no_grad()
+def fastdllm_dual(model, prompt, steps, gen_length, block_length, temperature=0.0,
+                  remasking="low_confidence", mask_id=0, threshold=None, factor=None):
+    """Latest upstream: at most steps_per_block forwards per block (masks can survive)."""
+    x = _canvas(prompt, gen_length, mask_id)
+    num_blocks = gen_length // block_length
+    spb = steps // num_blocks
+    nfe = 0
+    for nb in range(num_blocks):
+        s = prompt.shape[1] + nb * block_length
+        e = s + block_length
+        quota = get_num_transfer_tokens(x[:, s:e] == mask_id, spb)
+        logits, past = model(x)
+        mask_index = x == mask_id
+        mask_index[:, e:] = 0
+        x0, tr = _select(logits, temperature, remasking, mask_index, x, quota[:, 0], threshold, factor)
+        x[tr] = x0[tr]
+        nfe += 1
+        replace = torch.zeros_like(x, dtype=torch.bool)
+        replace[:, s:e] = 1
+        for i in range(1, spb):
+            if (x[:, s:e] == mask_id).sum() == 0:
+                break
+            nfe += 1
+            mask_index = x[:, s:e] == mask_id
+            logits, _ = model(x[:, s:e], past_key_values=past, replace_position=replace)
+            x0, tr = _select(logits, temperature, remasking, mask_index, x[:, s:e], quota[:, i], threshold, factor)
+            x[:, s:e][tr] = x0[tr]
+    return x, nfe
+
+
+@torch.no_grad()
+def llada_generate(model, prompt, steps, gen_length, block_length, temperature=0.0,
+                   remasking="low_confidence", mask_id=0):
+    """LLaDA official generate (no CFG, no attention mask)."""
+    x = _canvas(prompt, gen_length, mask_id)
+    num_blocks = gen_length // block_length
+    spb = steps // num_blocks
+    for nb in range(num_blocks):
+        block_mask = x[:, prompt.shape[1] + nb * block_length : prompt.shape[1] + (nb + 1) * block_length] == mask_id
+        quota = get_num_transfer_tokens(block_mask, spb)
+        for i in range(spb):
+            mask_index = x == mask_id
+            logits = model(x)[0]
+            x0 = torch.argmax(add_gumbel_noise(logits, temperature), dim=-1)
+            if remasking == "low_confidence":
+                p = F.softmax(logits, dim=-1)
+                x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
+            else:
+                x0_p = torch.rand((x0.shape[0], x0.shape[1]))
+            x0_p[:, prompt.shape[1] + (nb + 1) * block_length :] = -np.inf
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, -np.inf)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            for j in range(confidence.shape[0]):
+                _, sel = torch.topk(confidence[j], k=int(quota[j, i]))
+                transfer[j, sel] = True
+            x[transfer] = x0[transfer]
+    return x
+
+
+# ---------------------------------------------------------------- Dream port
+
+def _sample_tokens(logits, temperature=0.0, margin_confidence=False, neg_entropy=False):
+    probs = torch.softmax(logits, dim=-1)
+    confidence, x0 = probs.max(dim=-1)
+    if margin_confidence:
+        sp, _ = torch.sort(probs, dim=-1, descending=True)
+        confidence = sp[:, 0] - sp[:, 1]
+    if neg_entropy:
+        confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return confidence, x0
+
+
+@torch.no_grad()
+def dream_generate(model, prompt, max_new_tokens, steps, alg="origin", eps=1e-3, mask_token_id=0):
+    """Dream `_sample`, greedy (temperature 0, no top-p/k, alg_temp None), unpadded prompts."""
+    x = F.pad(prompt, (0, max_new_tokens), value=mask_token_id)
+    timesteps = torch.linspace(1, eps, steps + 1)
+    for i in range(steps):
+        mask_index = x == mask_token_id
+        logits = model(x)[0]
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        mask_logits = logits[mask_index]
+        t, s = timesteps[i], timesteps[i + 1]
+        if alg == "origin":
+            p_transfer = 1 - s / t if i < steps - 1 else 1
+            x0 = torch.zeros_like(x[mask_index], dtype=torch.long) + mask_token_id
+            transfer = torch.rand(*x0.shape) < p_transfer
+            _, x0[transfer] = _sample_tokens(mask_logits[transfer])
+            x[mask_index] = x0.clone()
+        else:
+            confidence, x0 = _sample_tokens(mask_logits, margin_confidence=alg == "topk_margin",
+                                            neg_entropy=alg == "entropy")
+            num_mask_token = mask_index.sum() / mask_index.shape[0]
+            n = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
+            full_conf = torch.full_like(x, -torch.inf, dtype=logits.dtype)
+            full_conf[mask_index] = confidence
+            if n > 0:
+                _, transfer_index = torch.topk(full_conf, n)
+                x_ = torch.zeros_like(x) + mask_token_id
+                x_[mask_index] = x0.clone()
+                rows = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
+                x[rows, transfer_index] = x_[rows, transfer_index]
+    return x

@@ -1,0 +1,91 @@
+"""The command line: output shapes and one-line errors with exit status 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from unmask.cli import main
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--gen-length", "30"], "gen_length 30 is not a multiple of block_length 32"),
+        (["--steps", "3", "--gen-length", "64"], "steps 3 is not a multiple of the number of blocks 2"),
+        (["--threshold", "1.5"], "threshold 1.5 is outside (0, 1]"),
+        (["--threshold", "0"], "threshold 0.0 is outside (0, 1]"),
+        (["--policy", "greedy"], "unknown policy 'greedy'"),
+        (["--cache", "triple"], "unknown cache 'triple'"),
+        (["--gen-length", "512"], "exceeds the model's maximum of 512 positions"),
+        (["--compat", "vllm"], "unknown compat 'vllm'"),
+        (["--refresh-interval", "0"], "refresh_interval 0 must be a positive integer"),
+        (["--steps", "abc"], "invalid int value: 'abc'"),
+    ],
+)
+def test_bad_input_is_one_line_with_status_2(capsys, llada_dir, args, needle):
+    code, out, err = run(capsys, "generate", "--model", str(llada_dir), "w1 w2", *args)
+    assert code == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--prompt-ids", "1,2,999"], "token id 999 is outside the vocabulary"),
+        (["--prompt-ids", "1,x"], "'x' is not an integer token id"),
+        (["--prompt-ids", "1,2", "w1"], "not both"),
+        ([""], "empty prompt"),
+        (["w1", "--compat", "dream"], "compat 'dream' reproduces Dream"),
+    ],
+)
+def test_bad_prompts(capsys, llada_dir, args, needle):
+    code, _, err = run(capsys, "generate", "--model", str(llada_dir), *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_model_is_named(capsys, tmp_path):
+    code, _, err = run(capsys, "generate", "--model", str(tmp_path / "nope"), "hi")
+    assert code == 2 and "nope does not exist" in err
+
+
+def test_json_batch_from_prompt_ids(capsys, llada_dir):
+    code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "--prompt-ids", "1,2,3;4,5",
+                       "--gen-length", "16", "--block-length", "8", "--policy", "threshold",
+                       "--threshold", "0.3", "--cache", "dual", "--json")
+    assert code == 0
+    obj = json.loads(out)
+    assert len(obj["generated_ids"]) == 2 and len(obj["text"]) == 2
+    assert obj["nfe"] >= 2 and obj["cache"] == "dual"
+    assert all(sum(c) >= len(g) for c, g in zip(obj["commits"], obj["generated_ids"]))
+
+
+def test_text_output_and_summary(capsys, llada_dir):
+    code, out, err = run(capsys, "generate", "--model", str(llada_dir), "w1 w2", "--gen-length", "16",
+                         "--block-length", "8", "--no-early-stop")
+    assert code == 0 and out.strip()
+    assert "nfe=16" in err and "tokens/forward=" in err
+
+
+def test_module_entry_point_runs(llada_dir):
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    r = subprocess.run([sys.executable, "-m", "unmask", "generate", "--model", str(llada_dir), "--prompt-ids",
+                        "1,2,3", "--gen-length", "8", "--block-length", "8", "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["generated_ids"][0]) <= 8
+
+
+def test_compat_json_returns_whole_canvas(capsys, llada_dir):
+    code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "--prompt-ids", "1,2,3",
+                       "--gen-length", "16", "--block-length", "8", "--compat", "fast-dllm", "--json")
+    assert code == 0 and len(json.loads(out)["generated_ids"][0]) == 16
