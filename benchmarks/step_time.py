@@ -1,0 +1,166 @@
+"""Step-time benchmark of the decode loop on a random-weight LLaDA-architecture model.
+
+Measures, per cache mode and batch size: ms per step (refresh steps and cached steps apart), the
+canvas columns recomputed per step, and the loop's own overhead (step time minus time inside the
+model's forward: proposal, commit policy, bookkeeping, host syncs). Then how a dual-cache step
+scales with block length and with sequence length.
+
+Random weights: the commit pattern is not meaningful, so the number of steps is fixed by the
+schedule (--steps) and early stop is off; the timing covers every forward and the loop, not
+tokenisation. Writes JSON (default benchmarks/results/step_time_cpu.json) and prints a table.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/step_time.py
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from unmask.engine import decode  # noqa: E402
+from unmask.models.base import ArchConfig, TokenIds  # noqa: E402
+from unmask.models.llada import LLaDAModel  # noqa: E402
+from unmask.params import GenerationParams  # noqa: E402
+
+VOCAB = 512
+TOKENS = TokenIds(mask=VOCAB - 1, eos=VOCAB - 2, pad=VOCAB - 2, stop=(VOCAB - 2,))
+
+
+def build_model(layers: int, d: int, heads: int, ff: int, seed: int = 0) -> LLaDAModel:
+    torch.manual_seed(seed)
+    cfg = ArchConfig("llada", VOCAB, d, layers, heads, heads, ff, 500000.0, 1e-5, 8192)
+    model = LLaDAModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+        model.model.transformer.ff_out.weight[TOKENS.mask] = -1  # never propose MASK
+    return model
+
+
+class ForwardTimer:
+    """Accumulates wall time spent inside model.forward."""
+
+    def __init__(self, model):
+        self.model, self.seconds, self.calls = model, 0.0, 0
+        self._orig = model.forward
+        model.forward = self
+
+    def __call__(self, *a, **k):
+        t = time.perf_counter()
+        out = self._orig(*a, **k)
+        if out.is_cuda:
+            torch.cuda.synchronize()
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        return out
+
+    def close(self):
+        del self.model.forward
+
+
+def run(model, prompt_len, gen, block, steps, batch, cache, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, VOCAB - 3, (batch, prompt_len), generator=g).tolist()
+    params = GenerationParams(gen_length=gen, block_length=block, steps=steps, cache=cache, early_stop=False).check()
+    timer = ForwardTimer(model)
+    t0 = time.perf_counter()
+    out = decode(model, TOKENS, prompts, params)
+    wall = time.perf_counter() - t0
+    timer.close()
+    refresh = [s.seconds for s in out.steps if s.refresh]
+    cached = [s.seconds for s in out.steps if not s.refresh]
+    step_total = sum(s.seconds for s in out.steps)
+    return {
+        "cache": cache, "batch": batch, "prompt_len": prompt_len, "gen_length": gen, "block_length": block,
+        "steps": out.nfe,
+        "ms_per_step": 1000 * step_total / out.nfe,
+        "ms_refresh_step": 1000 * statistics.mean(refresh) if refresh else None,
+        "ms_cached_step": 1000 * statistics.mean(cached) if cached else None,
+        "positions_refresh": max(s.positions for s in out.steps),
+        "positions_cached_mean": statistics.mean(s.positions for s in out.steps if not s.refresh)
+        if cached else None,
+        "forward_seconds": timer.seconds,
+        "loop_overhead_fraction": (step_total - timer.seconds) / step_total,
+        "wall_seconds": wall,
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except OSError:
+        return None
+
+
+def hardware() -> dict:
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "python": platform.python_version()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--d", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--ff", type=int, default=1376)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=32, help="total steps (schedule); 32 = 4 per block of 32")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--scaling", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--out", default="benchmarks/results/step_time_cpu.json")
+    a = ap.parse_args()
+
+    model = build_model(a.layers, a.d, a.heads, a.ff)
+    setup = {"model": "random-weight LLaDA architecture", "layers": a.layers, "d_model": a.d, "heads": a.heads,
+             "mlp_hidden": a.ff, "vocab": VOCAB, "params_no_embedding": model.config.num_parameters(False),
+             "dtype": "float32", "policy": "fixed", "timing": "every forward and the decode loop; no tokenisation"}
+    run(model, 64, 32, 32, 4, 1, "dual")  # warm-up
+    rows = []
+    print(f"{'cache':7} {'batch':>5} {'steps':>5} {'ms/step':>9} {'refresh':>9} {'cached':>9} "
+          f"{'cols(refresh/cached mean)':>21} {'loop overhead':>14}")
+    for batch in map(int, a.batches.split(",")):
+        for cache in ("none", "prefix", "dual"):
+            r = run(model, a.prompt, a.gen, a.block, a.steps, batch, cache)
+            rows.append(r)
+            cached = f"{r['ms_cached_step']:.1f}" if r["ms_cached_step"] else "-"
+            print(f"{cache:7} {batch:5d} {r['steps']:5d} {r['ms_per_step']:9.1f} {r['ms_refresh_step']:9.1f} "
+                  f"{cached:>9} {r['positions_refresh']:>10}/{r['positions_cached_mean'] or 0:<10.0f} "
+                  f"{100 * r['loop_overhead_fraction']:13.1f}%")
+    scaling = {}
+    if a.scaling:
+        print("\ndual-cache step time vs block length (prompt %d) and vs prompt length (block %d), batch 1:" % (a.prompt, a.block))
+        by_block = [run(model, a.prompt, a.gen, b, a.gen // b * 2, 1, "dual") for b in (8, 16, 32, 64)]
+        by_len = [run(model, p, a.gen, a.block, a.steps, 1, "dual") for p in (128, 512, 1024)]
+        for r in by_block:
+            print(f"  block {r['block_length']:3d}: {r['ms_cached_step']:7.1f} ms per cached step")
+        for r in by_len:
+            print(f"  prompt {r['prompt_len']:5d} (L={r['prompt_len'] + a.gen}): {r['ms_cached_step']:7.1f} ms per cached step")
+        scaling = {"by_block_length": by_block, "by_prompt_length": by_len}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result = {"benchmark": "step_time", "hardware": hardware(), "commit": _git_commit(), "setup": setup,
+              "results": rows, "dual_scaling": scaling, "peak_rss_mib": peak,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\npeak RSS {peak:.0f} MiB; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
