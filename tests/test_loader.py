@@ -174,3 +174,28 @@ def test_qwen2_style_vocab_and_merges_tokenizer(tmp_path):
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.encode("abc a<|mask|>") == [6, 5, 8]
     assert tok.decode([6, 5, 7]) == "abc a"
+
+
+def test_tied_embeddings_need_no_head_weight(folder):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["weight_tying"] = True
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+    def drop_head(t, index):
+        index["weight_map"].pop("model.transformer.ff_out.weight")
+        t.pop("model.transformer.ff_out.weight", None)
+
+    _edit_shard(folder, drop_head)
+    for f in folder.glob("model-*.safetensors"):  # the head may live in the other shard
+        t = load_file(str(f))
+        if t.pop("model.transformer.ff_out.weight", None) is not None:
+            save_file(t, str(f), metadata={"format": "pt"})
+    model, _ = load_model(folder)
+    x = torch.randint(0, 50, (1, 7))
+    pos = torch.arange(7)[None]
+    h = model(x, pos, logits_slice=slice(0, 0))
+    assert h.shape == (1, 0, model.config.vocab_size)
+    wte = model.model.transformer.wte.weight
+    logits = model(x, pos)
+    # the tied head is the embedding matrix: its logits are hidden @ wte.T
+    assert torch.allclose(logits, logits @ torch.linalg.pinv(wte.T) @ wte.T, atol=1e-3)

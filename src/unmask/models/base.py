@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from unmask.layers.attention import KVBuffer
+from unmask.layers.rope import RotaryEmbedding
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,17 @@ class DiffusionLM(nn.Module):
     forward(input_ids (B, q), positions (B, q), kv, kv_start, key_mask (B, Lk), logits_slice)
       -> logits (B, n, V) for the hidden positions selected by `logits_slice` (all q if None).
     Models know nothing about commit policies or cache policies; `kv` is a KVBuffer or None.
+    A family declares its parameters (named as its checkpoints name them) and `parts()`.
     """
 
     config: ArchConfig
+    rope: RotaryEmbedding
 
-    def forward(  # pragma: no cover - interface
+    def parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module, nn.Linear | None]:
+        """(token embedding, blocks, final norm, output head or None when tied to the embedding)."""
+        raise NotImplementedError
+
+    def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
@@ -72,4 +79,12 @@ class DiffusionLM(nn.Module):
         key_mask: torch.Tensor | None = None,
         logits_slice: slice | None = None,
     ) -> torch.Tensor:
-        raise NotImplementedError
+        embed, blocks, norm, head = self.parts()
+        x = embed(input_ids)
+        rope = self.rope(positions)
+        for i, block in enumerate(blocks):
+            x = block(x, rope, kv, i, kv_start, key_mask)
+        if logits_slice is not None:  # only positions that can commit need the vocabulary projection
+            x = x[:, logits_slice]
+        x = norm(x)
+        return x @ embed.weight.T if head is None else head(x)

@@ -6,11 +6,9 @@ Dream was initialised from an autoregressive model: the hidden state at position
 token at j + 1 (ArchConfig.logit_shift = 1). The engine, not the model, aligns logits to tokens.
 """
 
-import torch
 from torch import nn
 
 from unmask.errors import CheckpointError
-from unmask.layers.attention import KVBuffer
 from unmask.layers.blocks import self_attention, swiglu
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
@@ -93,23 +91,6 @@ class DreamModel(DiffusionLM):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv: KVBuffer | None = None,
-        kv_start: int = 0,
-        key_mask: torch.Tensor | None = None,
-        logits_slice: slice | None = None,
-    ) -> torch.Tensor:
+    def parts(self):
         m = self.model
-        x = m.embed_tokens(input_ids)
-        rope = self.rope(positions)
-        for i, layer in enumerate(m.layers):
-            x = layer(x, rope, kv, i, kv_start, key_mask)
-        if logits_slice is not None:
-            x = x[:, logits_slice]
-        x = m.norm(x)
-        if self.config.tie_embeddings:
-            return x @ m.embed_tokens.weight.T
-        return self.lm_head(x)
+        return m.embed_tokens, m.layers, m.norm, None if self.config.tie_embeddings else self.lm_head

@@ -2,11 +2,9 @@
 model.transformer.{wte, blocks.{i}.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm, ff_proj,
 up_proj, ff_out}, ln_f, ff_out}."""
 
-import torch
 from torch import nn
 
 from unmask.errors import CheckpointError
-from unmask.layers.attention import KVBuffer
 from unmask.layers.blocks import self_attention, swiglu
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
@@ -96,23 +94,6 @@ class LLaDAModel(DiffusionLM):
         self.model = _Inner(config)
         self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv: KVBuffer | None = None,
-        kv_start: int = 0,
-        key_mask: torch.Tensor | None = None,
-        logits_slice: slice | None = None,
-    ) -> torch.Tensor:
+    def parts(self):
         t = self.model.transformer
-        x = t.wte(input_ids)
-        rope = self.rope(positions)
-        for i, block in enumerate(t.blocks):
-            x = block(x, rope, kv, i, kv_start, key_mask)
-        if logits_slice is not None:
-            x = x[:, logits_slice]
-        x = t.ln_f(x)
-        if self.config.tie_embeddings:
-            return x @ t.wte.weight.T
-        return t.ff_out(x)
+        return t.wte, t.blocks, t.ln_f, None if self.config.tie_embeddings else t.ff_out
