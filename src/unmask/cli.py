@@ -18,9 +18,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--gen-length", type=int, default=_D.gen_length, help="tokens to generate (canvas length)")
-    g.add_argument("--block-length", type=int, default=_D.block_length, help="denoising block length")
-    g.add_argument("--steps", type=int, default=None, help="total steps of the fixed schedule (default: gen-length)")
+    g.add_argument("--gen-length", type=int, default=None,
+                   help=f"tokens to generate (canvas length; default: the model's generation_config, else {_D.gen_length})")
+    g.add_argument("--block-length", type=int, default=None,
+                   help=f"denoising block length (default: the model's, else {_D.block_length})")
+    g.add_argument("--steps", type=int, default=None,
+                   help="total steps of the fixed schedule (default: the model's, else gen-length)")
     g.add_argument("--policy", default=_D.policy, help=f"commit policy: {', '.join(POLICY_NAMES)}")
     g.add_argument("--remasking", default=_D.remasking, help=f"fixed-policy order: {', '.join(REMASKING)}")
     g.add_argument("--confidence", default=_D.confidence, help=f"ranking score: {', '.join(CONFIDENCE_NAMES)}")
@@ -40,11 +43,21 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-early-stop", action="store_true", help="decode the whole canvas even after end of text")
 
 
-def params_from_args(a: argparse.Namespace) -> GenerationParams:
+def params_from_args(a: argparse.Namespace, defaults: dict | None = None) -> GenerationParams:
+    """Flags the user gave win; then the model's generation defaults; then GenerationParams'."""
+    d = defaults or {}
+    given = {k: getattr(a, k) for k in ("gen_length", "block_length", "steps") if getattr(a, k) is not None}
+    if "gen_length" in given and "steps" not in given:
+        d = {k: v for k, v in d.items() if k != "steps"}  # a new canvas length: one token per step
+    if "gen_length" in given and "block_length" not in given:
+        block = d.get("block_length", _D.block_length)
+        if given["gen_length"] % block:  # the default block does not tile this canvas: one block
+            d = {**d, "block_length": given["gen_length"]}
+    shape = {**{k: v for k, v in d.items() if k in ("gen_length", "block_length", "steps")}, **given}
     return GenerationParams(
-        gen_length=a.gen_length,
-        block_length=a.block_length,
-        steps=a.steps,
+        gen_length=shape.get("gen_length", _D.gen_length),
+        block_length=shape.get("block_length", _D.block_length),
+        steps=shape.get("steps"),
         policy=a.policy,
         remasking=a.remasking,
         confidence=a.confidence,
@@ -93,7 +106,51 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     _add_decoding_args(g)
+
+    e = sub.add_parser("eval", help="held-out accuracy on the task suite with any decoding settings")
+    e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    e.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
+    e.add_argument("--n", type=int, default=200, help="examples per task")
+    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--samples", type=int, default=0, help="keep N sample outputs per task in the JSON")
+    e.add_argument("--dtype", default=None)
+    e.add_argument("--device", default=None)
+    _add_decoding_args(e)
+
+    t = sub.add_parser("train", help="train the embedded model (masked diffusion) or its AR twin")
+    t.add_argument("--out", required=True, help="run folder (trainer state + model/ checkpoint)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--kind", default="diffusion", help="diffusion or ar")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
+    t.add_argument("--tasks", default=None, help="comma-separated task mixture, task or task=weight")
+    t.add_argument("--init-from", default=None, help="start from this model or run folder's weights")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, typ in (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int),
+                      ("batch", int), ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int),
+                      ("eval-n", int)):
+        t.add_argument(f"--{name}", type=typ, default=None)
     return parser
+
+
+def parse_tasks(text: str | None) -> dict[str, float] | None:
+    """'copy,sort=2' -> {'copy': 1.0, 'sort': 2.0}."""
+    from unmask.tasks import TASKS
+
+    if text is None:
+        return None
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, weight = part.partition("=")
+        if name not in TASKS:
+            raise UnmaskError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+        try:
+            out[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise UnmaskError(f"task weight {weight!r} for {name!r} is not a number") from None
+    if not out:
+        raise UnmaskError(f"--tasks {text!r} names no task")
+    return out
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -101,10 +158,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise UnmaskError("give either a prompt text or --prompt-ids, not both and not neither")
     if a.prompt is not None and not a.prompt.strip():
         raise UnmaskError("empty prompt")
-    params = params_from_args(a)
-    from unmask.llm import LLM, default_device  # torch is imported only once arguments are valid
+    params_from_args(a)  # reject bad flags before loading anything
+    from unmask.llm import LLM, default_device
 
     llm = LLM(a.model, dtype=a.dtype, device=a.device or default_device())
+    params = params_from_args(a, llm.generation_defaults)
     prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
     out = llm.generate(prompts, params, chat=a.chat)
     tokens = sum(len(r.token_ids) + (r.finish_reason == "stop") for r in out.results)
@@ -134,10 +192,45 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(a: argparse.Namespace) -> int:
+    tasks = parse_tasks(a.tasks)
+    if a.n < 1:
+        raise UnmaskError(f"--n {a.n} must be a positive integer")
+    params_from_args(a)
+    from unmask.evaluate import evaluate, format_table
+    from unmask.llm import LLM, default_device
+    from unmask.tasks import TASKS
+
+    llm = LLM(a.model, dtype=a.dtype, device=a.device or default_device())
+    params = params_from_args(a, llm.generation_defaults)
+    results = evaluate(llm, tuple(tasks) if tasks else TASKS, a.n, params, batch_size=a.batch_size,
+                       keep_samples=a.samples)
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": params.__dict__,
+                          "results": [dict(r.row(), samples=r.samples) for r in results]}))
+    else:
+        print(format_table(results))
+    return 0
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from unmask.train.run import train
+    from unmask.train.trainer import TrainConfig
+
+    fields = {"kind": a.kind, "steps": a.steps, "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
+              "mlp": a.mlp, "gen_length": a.gen_length, "batch": a.batch, "lr": a.lr, "warmup": a.warmup,
+              "seed": a.seed, "eval_every": a.eval_every, "eval_n": a.eval_n, "init_from": a.init_from,
+              "tasks": parse_tasks(a.tasks)}
+    cfg = TrainConfig(**{k: v for k, v in fields.items() if v is not None}).check()
+    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet)
+    print(json.dumps(summary))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"generate": cmd_generate}[args.command](args)
+        return {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train}[args.command](args)
     except UnmaskError as e:
         print(f"unmask: error: {e}", file=sys.stderr)
         return 2

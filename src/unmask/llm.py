@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from unmask.engine.ar import decode_ar
 from unmask.engine.loop import Decoded, StepRecord, decode
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
@@ -55,6 +56,20 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(self.path)
         self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer)
 
+    @classmethod
+    def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds) -> "LLM":
+        """An LLM over an in-memory model (training-time evaluation)."""
+        llm = cls.__new__(cls)
+        llm.path, llm.config, llm.generation_config = None, {}, {}
+        llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
+        return llm
+
+    @property
+    def generation_defaults(self) -> dict:
+        """gen_length / block_length / steps recommended by the checkpoint's generation_config.json."""
+        g = self.generation_config
+        return {k: g[k] for k in ("gen_length", "block_length", "steps") if isinstance(g.get(k), int)}
+
     @property
     def arch(self):
         return self.model.config
@@ -85,7 +100,10 @@ class LLM:
             ids = [list(map(int, p)) for p in prompts]
         self._check_prompts(ids, params)
         t0 = time.perf_counter()
-        decoded = decode(self.model, self.token_ids, ids, params)
+        if self.arch.causal:  # an autoregressive twin: KV-cached next-token decoding
+            decoded = decode_ar(self.model, self.token_ids, ids, params.gen_length, params.temperature, params.seed)
+        else:
+            decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
         return BatchOutput(self._results(decoded, params), decoded.steps, seconds, decoded.cache)
 

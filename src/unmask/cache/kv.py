@@ -19,9 +19,11 @@ class StaticKV:
         end = start + k.shape[2]
         if start == 0 and end == self.length:  # refresh: adopt the fresh tensors, no copy
             self.k[layer], self.v[layer] = k, v
-        elif self.k[layer] is None:
-            raise RuntimeError("a partial KV update came before the first full refresh")
         else:
+            if self.k[layer] is None:  # first write is partial (autoregressive prefill)
+                shape = (*k.shape[:2], self.length, k.shape[3])
+                self.k[layer] = k.new_zeros(shape)
+                self.v[layer] = v.new_zeros(shape)
             self.k[layer][:, :, start:end] = k
             self.v[layer][:, :, start:end] = v
         return self.k[layer], self.v[layer]

@@ -15,19 +15,17 @@ class KVBuffer(Protocol):
     (B, H_kv, L, D). Which columns were fresh and which stale is the cache policy's business.
     """
 
+    length: int  # canvas columns the buffer covers
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         ...
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """q (B, H, q, D), k/v (B, H_kv, Lk, D), key_mask (B, Lk) bool (True = attend) or None.
-
-    Fully bidirectional: no causal mask. Grouped-query attention without copying K/V.
-    Returns (B, q, H*D).
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q (B, H, q, D), k/v (B, H_kv, Lk, D), mask broadcastable to (B, 1, q, Lk), bool, True =
+    attend (padding, and causality for autoregressive models), or None: fully bidirectional.
+    Grouped-query attention without copying K/V. Returns (B, q, H*D).
     """
-    mask = None if key_mask is None else key_mask[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
     b, h, n, d = out.shape
     return out.transpose(1, 2).reshape(b, n, h * d)

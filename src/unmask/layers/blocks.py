@@ -24,7 +24,7 @@ def self_attention(
     kv: KVBuffer | None,
     layer: int,
     kv_start: int,
-    key_mask: torch.Tensor | None,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """x (B, q, d) -> (B, q, d). Keys are rotated before they reach the KV buffer."""
     b, n, _ = x.shape
@@ -36,7 +36,7 @@ def self_attention(
     k = apply_rotary(k, cos, sin)
     if kv is not None:
         k, v = kv.update(layer, k, v, kv_start)
-    return o_proj(attend(q, k, v, key_mask))
+    return o_proj(attend(q, k, v, mask))
 
 
 def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:

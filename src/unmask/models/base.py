@@ -27,6 +27,8 @@ class ArchConfig:
     qkv_bias: bool = False
     # logits at hidden position j predict the token at j + logit_shift (Dream: 1, LLaDA: 0)
     logit_shift: int = 0
+    # causal attention: unmask's autoregressive twin models (an extension of the LLaDA layout)
+    causal: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -82,9 +84,19 @@ class DiffusionLM(nn.Module):
         embed, blocks, norm, head = self.parts()
         x = embed(input_ids)
         rope = self.rope(positions)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        if self.config.causal:
+            mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
         for i, block in enumerate(blocks):
-            x = block(x, rope, kv, i, kv_start, key_mask)
+            x = block(x, rope, kv, i, kv_start, mask)
         if logits_slice is not None:  # only positions that can commit need the vocabulary projection
             x = x[:, logits_slice]
         x = norm(x)
         return x @ embed.weight.T if head is None else head(x)
+
+
+def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start: int, device) -> torch.Tensor:
+    """Combine a (B, 1, 1, Lk) padding mask with "key column <= query column"."""
+    keys, offset = (kv.length, kv_start) if kv is not None else (q, 0)
+    causal = torch.arange(keys, device=device)[None, :] <= (offset + torch.arange(q, device=device))[:, None]
+    return causal[None, None] if mask is None else mask & causal

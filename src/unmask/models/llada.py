@@ -43,6 +43,7 @@ def llada_arch(cfg: dict) -> ArchConfig:
             max_positions=int(cfg.get("max_sequence_length", 4096)),
             tie_embeddings=bool(cfg.get("weight_tying", False)),
             qkv_bias=bool(cfg.get("include_qkv_bias", False)),
+            causal=bool(cfg.get("causal", False)),
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: LLaDA config lacks required field {e.args[0]!r}") from None

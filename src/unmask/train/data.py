@@ -1,0 +1,95 @@
+"""Tokenizer and batches for the task suite.
+
+Layout matches decoding exactly: [pad.. BOS prompt | answer, end-of-text padding to gen_length].
+Prompts are left-padded with <|pad|> (masked out of attention, positions counted from the first
+real token), so a trained model sees at training time the canvas it decodes at inference time.
+"""
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+from unmask.tasks import TASKS, Example, held_out
+from unmask.tasks.suite import GENERATORS, vocabulary
+
+BOS, EOS, MASK, PAD = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|pad|>"
+SPECIALS = [BOS, EOS, MASK, PAD]
+
+
+def build_tokenizer() -> Tokenizer:
+    """Word-level vocabulary: every task word (digits are single tokens) plus four specials."""
+    vocab = {w: i for i, w in enumerate(SPECIALS + vocabulary())}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, vocab[BOS])])
+    return tok
+
+
+def save_tokenizer_files(tok: Tokenizer, folder: Path) -> None:
+    import json
+
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "mask_token": MASK,
+           "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps({k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "mask_token")}, indent=2))
+
+
+class TaskSampler:
+    """Seeded, resumable stream of training examples from a weighted task mixture. Prompts that
+    occur in the first `exclude_n` held-out examples of a task are never produced."""
+
+    def __init__(self, weights: dict[str, float], seed: int, exclude_n: int = 1000) -> None:
+        unknown = set(weights) - set(TASKS)
+        if unknown:
+            raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(TASKS)}")
+        self.names = sorted(weights)
+        self.weights = [weights[n] for n in self.names]
+        self.held_out = {n: {ex.prompt for ex in held_out(n, exclude_n)} for n in self.names}
+        self.rng = random.Random(seed)
+
+    def next(self) -> Example:
+        name = self.rng.choices(self.names, self.weights)[0]
+        while True:
+            ex = GENERATORS[name](self.rng)
+            if ex.prompt not in self.held_out[name]:
+                return ex
+
+    def state(self):
+        return self.rng.getstate()
+
+    def set_state(self, state) -> None:
+        self.rng.setstate(state)
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # (B, P + G)
+    positions: torch.Tensor  # (B, P + G)
+    key_mask: torch.Tensor | None  # (B, P + G)
+    prompt_len: int  # P
+    answer_len: torch.Tensor  # (B,) answer tokens before end-of-text
+
+
+def make_batch(examples: list[Example], tok: Tokenizer, gen_length: int) -> Batch:
+    eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
+    prompts = [tok.encode(ex.prompt).ids for ex in examples]
+    answers = [tok.encode(ex.answer, add_special_tokens=False).ids for ex in examples]
+    P = max(map(len, prompts))
+    B = len(examples)
+    ids = torch.full((B, P + gen_length), eos, dtype=torch.long)
+    pads = torch.tensor([P - len(p) for p in prompts])
+    for r, (p, a) in enumerate(zip(prompts, answers)):
+        if len(a) >= gen_length:
+            raise ValueError(f"answer of {len(a)} tokens does not fit gen_length {gen_length}: {examples[r].answer!r}")
+        ids[r, : P - len(p)] = pad
+        ids[r, P - len(p) : P] = torch.tensor(p)
+        ids[r, P : P + len(a)] = torch.tensor(a)
+    cols = torch.arange(P + gen_length)[None, :]
+    positions = (cols - pads[:, None]).clamp(min=0)
+    key_mask = cols >= pads[:, None] if bool((pads > 0).any()) else None
+    return Batch(ids, positions, key_mask, P, torch.tensor([len(a) for a in answers]))

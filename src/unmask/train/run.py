@@ -1,0 +1,118 @@
+"""The training loop: progress bar, periodic held-out accuracy, checkpoint and resume."""
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from unmask.errors import UnmaskError
+from unmask.models.llada import LLaDAModel
+from unmask.models.loader import load_model
+from unmask.train.data import TaskSampler, build_tokenizer, make_batch
+from unmask.train.trainer import TrainConfig, ar_loss, arch_for, diffusion_loss, lr_at, save_model, token_ids
+
+STATE = "trainer_state.pt"
+
+
+def _progress(step: int, total: int, loss: float, rate: float, extra: str = "") -> None:
+    width = 30
+    done = int(width * step / total)
+    eta = (total - step) / rate if rate > 0 else 0
+    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} "
+                     f"{rate:.2f} it/s eta {eta / 60:.1f} min {extra}   ")
+    sys.stderr.flush()
+
+
+def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
+    from unmask.evaluate import evaluate
+    from unmask.llm import LLM
+    from unmask.params import GenerationParams
+    from unmask.tokenizer import Tokenizer
+
+    llm = LLM.from_parts(model, Tokenizer(tok, {}, None), token_ids(tok))
+    g = cfg.gen_length
+    params = GenerationParams(gen_length=g, block_length=g, steps=g)  # one token per step
+    model.eval()
+    res = evaluate(llm, tuple(sorted(cfg.tasks)), cfg.eval_n, params, batch_size=cfg.eval_n)
+    model.train()
+    return {r.task: round(r.exact, 4) for r in res}
+
+
+def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
+    """Train into run folder `out`; returns the final summary. With `resume`, continue from
+    out/trainer_state.pt (the configuration stored there wins, except `steps`, which may grow)."""
+    out = Path(out)
+    state_path = out / STATE
+    if resume:
+        if not state_path.exists():
+            raise UnmaskError(f"--resume: no {STATE} in {out}")
+        saved = torch.load(state_path, weights_only=False)
+        steps = cfg.steps
+        cfg = TrainConfig(**saved["config"])
+        cfg.steps = max(steps, cfg.steps)
+    elif state_path.exists():
+        raise UnmaskError(f"{out} already holds a run; pass --resume to continue it or choose another folder")
+    cfg.check()
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    tok = build_tokenizer()
+    model = LLaDAModel(arch_for(cfg, tok.get_vocab_size())).train()
+    with torch.no_grad():  # LLaDA-style small init
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02)
+    if cfg.init_from and not resume:
+        src, _ = load_model(Path(cfg.init_from) / "model" if (Path(cfg.init_from) / "model").exists() else cfg.init_from)
+        model.load_state_dict(src.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    sampler = TaskSampler(cfg.tasks, cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    step, history, elapsed = 0, [], 0.0
+    if resume:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        sampler.set_state(saved["sampler"])
+        gen.set_state(saved["generator"])
+        step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
+    mask_id = tok.token_to_id("<|mdm_mask|>")
+    t0, last, smooth = time.time(), step, None
+
+    def checkpoint(final: bool = False) -> None:
+        meta = {"config": asdict(cfg), "step": step, "elapsed_seconds": elapsed + time.time() - t0,
+                "history": history, "final": final}
+        g = cfg.gen_length
+        save_model(model, tok, out / "model", {"gen_length": g, "block_length": g, "steps": g}, meta)
+        torch.save({"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "sampler": sampler.state(), "generator": gen.get_state(), "step": step,
+                    "history": history, "elapsed": elapsed + time.time() - t0}, out / (STATE + ".tmp"))
+        (out / (STATE + ".tmp")).replace(state_path)
+
+    while step < cfg.steps:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        batch = make_batch([sampler.next() for _ in range(cfg.batch)], tok, cfg.gen_length)
+        loss = diffusion_loss(model, batch, mask_id, cfg.eps, gen) if cfg.kind == "diffusion" else ar_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        smooth = loss.item() if smooth is None else 0.98 * smooth + 0.02 * loss.item()
+        record = {"step": step, "loss": round(smooth, 5), "seconds": round(elapsed + time.time() - t0, 1)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            record["held_out_exact"] = _eval(model, tok, cfg)
+            history.append(record)
+            checkpoint(final=step == cfg.steps)
+            if progress:
+                sys.stderr.write("\n" + json.dumps(record) + "\n")
+        elif step % 50 == 0:
+            history.append(record)
+        if progress:
+            rate = (step - last) / max(time.time() - t0, 1e-9)
+            _progress(step, cfg.steps, smooth, rate)
+    if progress:
+        sys.stderr.write("\n")
+    return {"steps": step, "loss": smooth, "history": history[-1] if history else None}

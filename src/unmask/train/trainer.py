@@ -1,0 +1,146 @@
+"""`unmask train`: masked-diffusion SFT (LLaDA objective) or the causal AR twin.
+
+Diffusion objective (LLaDA SFT): the prompt is never masked; every answer position (end-of-text
+padding included) is masked with probability t, t ~ U(eps, 1) drawn stratified across the batch;
+the loss is cross-entropy on masked positions weighted by 1/t, divided by the answer canvas length.
+AR objective: next-token cross-entropy on the answer and its first end-of-text token.
+
+Seeded and resumable: the run folder holds `trainer_state.pt` (model, optimizer, data and torch RNG
+states) and `model/`, a checkpoint in the released LLaDA layout that loads through unmask's loader.
+"""
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from unmask.models.base import ArchConfig, TokenIds
+from unmask.models.llada import LLaDAModel
+from unmask.tasks import TASKS
+from unmask.train.data import BOS, EOS, MASK, PAD, Batch, TaskSampler, build_tokenizer, make_batch, save_tokenizer_files
+
+DEFAULT_MIX = {t: 1.0 for t in TASKS}
+
+
+@dataclass
+class TrainConfig:
+    kind: str = "diffusion"  # "diffusion" | "ar"
+    layers: int = 4
+    d_model: int = 256
+    heads: int = 4
+    mlp: int = 768
+    gen_length: int = 32
+    batch: int = 64
+    steps: int = 3000
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eps: float = 1e-3
+    seed: int = 0
+    tasks: dict = field(default_factory=lambda: dict(DEFAULT_MIX))
+    eval_every: int = 250
+    eval_n: int = 32
+    init_from: str | None = None  # a run or model folder to start from (weights only)
+
+    def check(self) -> "TrainConfig":
+        from unmask.errors import UnmaskError
+
+        if self.kind not in ("diffusion", "ar"):
+            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion or ar")
+        for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise UnmaskError(f"{name} {v!r} must be a positive integer")
+        if self.d_model % self.heads or (self.d_model // self.heads) % 2:
+            raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
+        if not self.lr > 0:
+            raise UnmaskError(f"lr {self.lr} must be > 0")
+        return self
+
+
+def arch_for(cfg: TrainConfig, vocab_size: int) -> ArchConfig:
+    return ArchConfig("llada", vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.heads, cfg.mlp,
+                      10000.0, 1e-5, 512, causal=cfg.kind == "ar")
+
+
+def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
+    """config.json with the fields of the released LLaDA checkpoints."""
+    cfg = {
+        "architectures": ["LLaDAModelLM"], "model_type": "llada",
+        "d_model": arch.hidden_size, "n_layers": arch.num_layers, "n_heads": arch.num_heads,
+        "n_kv_heads": arch.num_kv_heads, "mlp_hidden_size": arch.intermediate_size,
+        "mlp_ratio": max(1, arch.intermediate_size // arch.hidden_size),
+        "vocab_size": arch.vocab_size, "embedding_size": arch.vocab_size,
+        "max_sequence_length": arch.max_positions, "rope": True, "rope_theta": arch.rope_theta,
+        "rope_full_precision": True, "rms_norm_eps": arch.norm_eps, "layer_norm_type": "rms",
+        "block_type": "llama", "activation_type": "silu", "include_bias": False, "include_qkv_bias": False,
+        "weight_tying": False, "alibi": False, "scale_logits": False, "block_group_size": 1,
+        "mask_token_id": ids.mask, "eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos,
+        "use_cache": False, "precision": "fp32",
+    }
+    if arch.causal:
+        cfg["causal"] = True  # unmask extension: the autoregressive twin
+    return cfg
+
+
+def token_ids(tok) -> TokenIds:
+    eos = tok.token_to_id(EOS)
+    return TokenIds(mask=tok.token_to_id(MASK), eos=eos, pad=tok.token_to_id(PAD), bos=tok.token_to_id(BOS), stop=(eos,))
+
+
+def save_model(model: LLaDAModel, tok, folder: Path, gen_defaults: dict, meta: dict) -> None:
+    """Write a checkpoint folder in the released LLaDA layout (atomically: temp dir, then rename)."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    ids = token_ids(tok)
+    state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(llada_config_json(model.config, ids), indent=2))
+    gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, **gen_defaults}
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (tmp / "training.json").write_text(json.dumps(meta, indent=2))
+    save_tokenizer_files(tok, tmp)
+    if folder.exists():
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    tmp.rename(folder)
+
+
+def diffusion_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) -> torch.Tensor:
+    B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
+    # stratified t over the batch: evenly spread noise levels (lower-variance gradients)
+    u = (torch.arange(B) + torch.rand(B, generator=gen)) / B
+    t = eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
+    masked = torch.rand(B, G, generator=gen) < t[:, None]
+    ids = b.ids.clone()
+    ids[:, b.prompt_len :][masked] = mask_id
+    logits = model(ids, b.positions, key_mask=b.key_mask, logits_slice=slice(b.prompt_len, None))
+    target = b.ids[:, b.prompt_len :]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(B, G)
+    return ((ce * masked) / t[:, None]).sum() / (B * G)
+
+
+def ar_loss(model, b: Batch) -> torch.Tensor:
+    P = b.prompt_len
+    logits = model(b.ids, b.positions, key_mask=b.key_mask, logits_slice=slice(P - 1, -1))
+    target = b.ids[:, P:]
+    G = target.shape[1]
+    keep = torch.arange(G)[None, :] <= b.answer_len[:, None]  # the answer and its end-of-text token
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(-1, G)
+    return (ce * keep).sum() / keep.sum()
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))

@@ -1,0 +1,73 @@
+"""The task suite: deterministic generators, disjoint splits, exact scoring."""
+
+import pytest
+
+from unmask.tasks import TASKS, Example, score, held_out, train_stream, vocabulary
+from unmask.train.data import TaskSampler, build_tokenizer
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_generators_are_deterministic(task):
+    assert held_out(task, 50) == held_out(task, 50)
+    a = [next(s) for s in [train_stream(task, 3, exclude_n=50)] for _ in range(20)]
+    b = [next(s) for s in [train_stream(task, 3, exclude_n=50)] for _ in range(20)]
+    assert a == b
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_train_and_test_prompts_never_overlap(task):
+    held = {ex.prompt for ex in held_out(task, 300)}
+    assert len(held) == 300
+    stream = train_stream(task, 0, exclude_n=300)
+    assert not any(next(stream).prompt in held for _ in range(3000))
+
+
+def test_sampler_skips_held_out_and_resumes():
+    s = TaskSampler({t: 1.0 for t in TASKS}, seed=5, exclude_n=200)
+    held = {ex.prompt for t in TASKS for ex in held_out(t, 200)}
+    first = [s.next() for _ in range(500)]
+    assert not any(ex.prompt in held for ex in first)
+    state = s.state()
+    nxt = [s.next() for _ in range(10)]
+    s.set_state(state)
+    assert [s.next() for _ in range(10)] == nxt
+
+
+def test_every_word_is_in_the_vocabulary():
+    tok = build_tokenizer()
+    unk = tok.token_to_id("<|pad|>")
+    assert len(set(vocabulary())) == len(vocabulary())
+    for task in TASKS:
+        for ex in held_out(task, 100):
+            for text in (ex.prompt, ex.answer):
+                assert unk not in tok.encode(text, add_special_tokens=False).ids, text
+
+
+def test_arith_answer_is_reversed_zero_padded_sum():
+    for ex in held_out("arith", 50):
+        words = ex.prompt.split()
+        a, b = int("".join(words[1:4])), int("".join(words[5:8]))
+        r = a + b if words[0] == "add" else a - b
+        assert ex.answer == " ".join(reversed(str(r).zfill(4)))
+
+
+def test_sort_and_reverse_answers():
+    for ex in held_out("sort", 30):
+        assert ex.answer.split() == sorted(ex.prompt.split()[2:])
+    for ex in held_out("reverse", 30):
+        assert ex.answer.split() == ex.prompt.split()[2:][::-1]
+
+
+def test_pairs_validity_rejects_mixtures():
+    ex = Example("pairs", "pick hand a b c :", "full house", ("full house", "high card"))
+    assert score(ex, "high card").exact and score(ex, "full house").exact
+    assert not score(ex, "high house").exact and not score(ex, "full card").exact
+    assert score(ex, "high house").token_accuracy == pytest.approx(2 / 3)
+
+
+def test_token_accuracy_counts_up_to_end_of_text():
+    ex = Example("copy", "copy : a b c", "a b c")
+    assert score(ex, "a b c").token_accuracy == 1.0
+    assert score(ex, "a b c d").token_accuracy == pytest.approx(3 / 4)  # missed the end of text
+    assert score(ex, "a x").token_accuracy == pytest.approx(1 / 4)
+    assert score(ex, "").token_accuracy == 0.0
