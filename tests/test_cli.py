@@ -19,7 +19,7 @@ def run(capsys, *args):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--gen-length", "30"], "gen_length 30 is not a multiple of block_length 32"),
+        (["--gen-length", "30", "--block-length", "32"], "gen_length 30 is not a multiple of block_length 32"),
         (["--steps", "3", "--gen-length", "64"], "steps 3 is not a multiple of the number of blocks 2"),
         (["--threshold", "1.5"], "threshold 1.5 is outside (0, 1]"),
         (["--threshold", "0"], "threshold 0.0 is outside (0, 1]"),

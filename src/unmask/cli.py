@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate text for one prompt or a batch of token-id prompts")
     g.add_argument("prompt", nargs="?", help="prompt text")
-    g.add_argument("--model", default=None, help="local checkpoint folder (LLaDA or Dream layout)")
+    g.add_argument("--model", default=None,
+                   help="local checkpoint folder (LLaDA or Dream layout); default: the embedded model "
+                        "('default-ar' for its autoregressive twin)")
     g.add_argument("--prompt-ids", default=None, help="token ids instead of text; ';' separates prompts")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the chat template (default: when the tokenizer has one)")
@@ -108,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(g)
 
     e = sub.add_parser("eval", help="held-out accuracy on the task suite with any decoding settings")
-    e.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    e.add_argument("--model", default=None, help="checkpoint folder, 'default' (embedded) or 'default-ar'")
     e.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
     e.add_argument("--n", type=int, default=200, help="examples per task")
     e.add_argument("--batch-size", type=int, default=32)

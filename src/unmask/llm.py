@@ -47,9 +47,9 @@ class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
     def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu") -> None:
-        if model is None:
-            raise UnmaskError("no model given (--model DIR): the embedded default model is not shipped yet")
-        self.path = Path(model)
+        """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
+        its autoregressive twin."""
+        self.path = resolve_model_path(model)
         self.model, self.config = load_model(self.path, dtype=dtype, device=device)
         gen_path = self.path / "generation_config.json"
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
@@ -149,6 +149,20 @@ class LLM:
                 )
             )
         return out
+
+
+ASSETS = Path(__file__).parent / "assets"
+EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar"}
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    name = "default" if model is None else str(model)
+    if name in EMBEDDED:
+        path = EMBEDDED[name]
+        if not (path / "config.json").exists():
+            raise UnmaskError(f"the embedded model {name!r} is not in this installation ({path})")
+        return path
+    return Path(model)
 
 
 def default_device() -> str:

@@ -11,7 +11,7 @@ import time
 import torch
 
 from unmask.cache.kv import StaticKV
-from unmask.engine.canvas import Canvas
+from unmask.engine.canvas import Canvas, retire_rows
 from unmask.engine.loop import Decoded, StepRecord
 from unmask.models.base import DiffusionLM, TokenIds
 
@@ -55,14 +55,10 @@ def decode_ar(
         row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
         done = torch.isin(c.x[:, t], stops)
         any_done = bool(done.any())
-        steps.append(StepRecord(0, c.batch, width, t == P, c.batch, 0.0))
+        steps.append(StepRecord(0, c.batch, width, t == P, c.batch))
         if any_done:
-            out[c.rows[done]] = c.x[done]
-            keep = (~done).nonzero().squeeze(-1)
-            c.select(keep)
-            kv.select_rows(keep)
-        r = steps[-1]
-        steps[-1] = StepRecord(r.block, r.rows, r.positions, r.refresh, r.committed, time.perf_counter() - t0)
+            retire_rows(c, out, done, kv)
+        steps[-1].seconds = time.perf_counter() - t0
         if c.batch == 0:
             break
         start, width = t, 1

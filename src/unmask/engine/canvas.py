@@ -49,12 +49,24 @@ class Canvas:
     def length(self) -> int:
         return self.x.shape[1]
 
-    def select(self, keep: torch.Tensor) -> None:
+    def select_rows(self, keep: torch.Tensor) -> None:
         self.x = self.x[keep]
         self.positions = self.positions[keep]
         self.rows = self.rows[keep]
         if self.key_mask is not None:
             self.key_mask = self.key_mask[keep]
+
+
+def retire_rows(c: Canvas, out: torch.Tensor, done: torch.Tensor, *others) -> torch.Tensor:
+    """Copy finished rows of the canvas to `out` (indexed by original row) and drop them from the
+    canvas and from every other per-row state in `others` (KV buffer, schedule). Returns the
+    kept row indices."""
+    out[c.rows[done]] = c.x[done]
+    keep = (~done).nonzero().squeeze(-1)
+    for state in (c, *others):
+        if state is not None:
+            state.select_rows(keep)
+    return keep
 
 
 def finished_rows(gen: torch.Tensor, mask_id: int, stop_ids: torch.Tensor) -> torch.Tensor:

@@ -9,21 +9,21 @@ import torch
 
 from unmask.cache.kv import StaticKV
 from unmask.cache.policy import ForwardPlan
-from unmask.engine.canvas import Canvas, finished_rows
+from unmask.engine.canvas import Canvas, finished_rows, retire_rows
 from unmask.engine.setup import DecodeParts, build_parts
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.proposal import Proposal, propose
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepRecord:
     block: int
     rows: int  # rows in the forward
     positions: int  # canvas columns recomputed per row
     refresh: bool  # full-canvas forward
     committed: int  # tokens committed over all rows
-    seconds: float
+    seconds: float = 0.0
 
 
 @dataclass
@@ -66,6 +66,83 @@ def _slice(p: Proposal, a: int, b: int) -> Proposal:
     return Proposal(p.tokens[:, a:b], p.score[:, a:b], ent)
 
 
+class _Decoder:
+    """State of one batch through the loop: canvas, KV buffer, trace."""
+
+    def __init__(self, model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
+                 parts: DecodeParts) -> None:
+        self.model, self.params, self.parts, self.rules = model, params, parts, parts.rules
+        device = next(model.parameters()).device
+        self.mask = tokens.mask
+        pad = tokens.pad if tokens.pad is not None else tokens.eos
+        self.c = Canvas.build(prompts, params.gen_length, self.mask, pad, device)
+        self.out = self.c.x.clone()
+        self.stop_ids = torch.tensor(sorted(set(tokens.stop) | {tokens.eos}), device=device)
+        self.gen = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
+        self.kv = StaticKV(model.config.num_layers, self.c.length) if parts.cache.stores_kv else None
+        self.row_nfe = torch.zeros(self.c.batch, dtype=torch.long, device=device)
+        self.commit_log: list[torch.Tensor] = []
+        self.steps: list[StepRecord] = []
+
+    def run(self) -> Decoded:
+        P, blk = self.c.prompt_len, self.params.block_length
+        for b in range(self.params.num_blocks):
+            if self.c.batch == 0:
+                break
+            self.block(b, P + b * blk, P + (b + 1) * blk)
+        c = self.c
+        if c.batch:
+            self.out[c.rows] = c.x
+        B0 = self.out.shape[0]
+        log = torch.stack(self.commit_log, 0).T.tolist() if self.commit_log else [[] for _ in range(B0)]
+        row_commits = [[n for n in row if n >= 0] for row in log]
+        return Decoded(self.out.cpu(), P, self.row_nfe.tolist(), row_commits, self.steps, self.parts.cache.name)
+
+    def block(self, b: int, s: int, e: int) -> None:
+        self.parts.schedule.start_block((self.c.x[:, s:e] == self.mask).sum(-1))
+        i = 0
+        while True:
+            t0 = time.perf_counter()
+            any_open, progressed = self.step(b, i, s, e)
+            self.steps[-1].seconds = time.perf_counter() - t0
+            i += 1
+            if self.rules.run_all_steps:
+                if i >= self.params.steps_per_block:
+                    return
+            elif not any_open or self.c.batch == 0:
+                return
+            elif not progressed:
+                raise RuntimeError("decode step committed nothing while the block is open (policy bug)")
+
+    def step(self, b: int, i: int, s: int, e: int) -> tuple[bool, bool]:
+        """One forward, one proposal, one commit; then retire finished rows. One host sync."""
+        c, parts, rules, mask = self.c, self.parts, self.rules, self.mask
+        P = c.prompt_len
+        plan = parts.cache.plan(i, s, e, c.length, self.model.config.logit_shift)
+        lo = P if (plan.refresh and rules.candidates_before_block_end) else s
+        logits = _forward(self.model, c, self.kv, plan, lo, e, rules.score_full_window)
+        prop = propose(logits, parts.proposal, self.gen)
+        if rules.score_full_window:
+            prop = _slice(prop, lo - plan.start, e - plan.start)
+        cand = c.x[:, lo:e] == mask
+        quota = parts.schedule.quota(i, cand.sum(-1)) if parts.policy.uses_schedule else None
+        commit = parts.policy.select(prop.score, prop.entropy, cand, quota, i, self.gen)
+        c.x[:, lo:e] = torch.where(commit, prop.tokens, c.x[:, lo:e])
+
+        per_row = commit.sum(-1)
+        logged = torch.full((self.out.shape[0],), -1, dtype=torch.long, device=per_row.device)
+        self.commit_log.append(logged.index_copy_(0, c.rows, per_row))
+        self.row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
+        still_open = (c.x[:, s:e] == mask).any(-1)
+        done = finished_rows(c.x[:, P:], mask, self.stop_ids) if rules.early_stop else torch.zeros_like(still_open)
+        any_open, any_done, n_committed = torch.stack([still_open.any(), done.any(), per_row.sum()]).tolist()
+        self.steps.append(StepRecord(b, c.batch, plan.end - plan.start, plan.refresh, int(n_committed)))
+        if any_done:
+            keep = retire_rows(c, self.out, done, parts.schedule, self.kv)
+            any_open = bool(still_open[keep].any()) if c.batch else False
+        return bool(any_open), n_committed > 0
+
+
 @torch.inference_mode()
 def decode(
     model: DiffusionLM,
@@ -75,77 +152,4 @@ def decode(
     parts: DecodeParts | None = None,
 ) -> Decoded:
     """Decode a batch of tokenised prompts. `params` must already be checked."""
-    parts = parts or build_parts(params, tokens)
-    device = next(model.parameters()).device
-    mask = tokens.mask
-    pad = tokens.pad if tokens.pad is not None else tokens.eos
-    c = Canvas.build(prompts, params.gen_length, mask, pad, device)
-    P, L, B0 = c.prompt_len, c.length, c.batch
-    out = c.x.clone()
-    stop_ids = torch.tensor(sorted(set(tokens.stop) | {tokens.eos}), device=device)
-    gen = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
-    kv = StaticKV(model.config.num_layers, L) if parts.cache.stores_kv else None
-    rules, shift = parts.rules, model.config.logit_shift
-    row_nfe = torch.zeros(B0, dtype=torch.long, device=device)
-    commit_log: list[torch.Tensor] = []
-    steps: list[StepRecord] = []
-
-    for b in range(params.num_blocks):
-        if c.batch == 0:
-            break
-        s = P + b * params.block_length
-        e = s + params.block_length
-        parts.schedule.start_block((c.x[:, s:e] == mask).sum(-1))
-        i = 0
-        while True:
-            t0 = time.perf_counter()
-            plan = parts.cache.plan(i, s, e, L, shift)
-            lo = P if (plan.refresh and rules.candidates_before_block_end) else s
-            logits = _forward(model, c, kv, plan, lo, e, rules.score_full_window)
-            prop = propose(logits, parts.proposal, gen)
-            if rules.score_full_window:
-                prop = _slice(prop, lo - plan.start, e - plan.start)
-            cand = c.x[:, lo:e] == mask
-            quota = parts.schedule.quota(i, cand.sum(-1)) if parts.policy.uses_schedule else None
-            commit = parts.policy.select(prop.score, prop.entropy, cand, quota, i, gen)
-            c.x[:, lo:e] = torch.where(commit, prop.tokens, c.x[:, lo:e])
-            i += 1
-
-            per_row = commit.sum(-1)
-            logged = torch.full((B0,), -1, dtype=torch.long, device=device)
-            commit_log.append(logged.index_copy_(0, c.rows, per_row))
-            row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
-            still_open = (c.x[:, s:e] == mask).any(-1)
-            if rules.early_stop:
-                done = finished_rows(c.x[:, P:], mask, stop_ids)
-            else:
-                done = torch.zeros_like(still_open)
-            flags = torch.stack([still_open.any(), done.any(), per_row.sum() > 0, per_row.sum()]).tolist()
-            any_open, any_done, progressed, n_committed = bool(flags[0]), bool(flags[1]), bool(flags[2]), flags[3]
-            steps.append(StepRecord(b, c.batch, plan.end - plan.start, plan.refresh, int(n_committed), 0.0))
-            if any_done:
-                out[c.rows[done]] = c.x[done]
-                keep = (~done).nonzero().squeeze(-1)
-                c.select(keep)
-                parts.schedule.select_rows(keep)
-                if kv is not None:
-                    kv.select_rows(keep)
-                any_open = bool(still_open[keep].any()) if c.batch else False
-            steps[-1] = _timed(steps[-1], time.perf_counter() - t0)
-            if rules.run_all_steps:
-                if i >= params.steps_per_block:
-                    break
-            elif not any_open or c.batch == 0:
-                break
-            elif not progressed:
-                raise RuntimeError("decode step committed nothing while the block is open (policy bug)")
-
-    if c.batch:
-        out[c.rows] = c.x
-    log = torch.stack(commit_log, 0).T.tolist() if commit_log else [[] for _ in range(B0)]
-    row_commits = [[n for n in row if n >= 0] for row in log]
-    return Decoded(out.cpu(), P, row_nfe.tolist(), row_commits, steps, parts.cache.name)
-
-
-def _timed(r: StepRecord, seconds: float) -> StepRecord:
-    return StepRecord(r.block, r.rows, r.positions, r.refresh, r.committed, seconds)
+    return _Decoder(model, tokens, prompts, params, parts or build_parts(params, tokens)).run()
