@@ -1,0 +1,1 @@
+"""Measurement: the roofline cost model (and, later, the quality-speed benchmark it predicts)."""

@@ -1,0 +1,164 @@
+"""Roofline cost model for AR and diffusion decoding (seed 000's accounting).
+
+A forward over n positions reads the weights once and computes about 2N FLOPs per position, so
+it costs at least  T(n) = max(weight_bytes / bandwidth, n * 2N / peak_flops).  Optionally the
+KV cache read and the attention FLOPs are added (reads to the memory term, FLOPs to the compute
+term). From T(n):
+
+- AR, one request:       prefill T(P) + G * T(1)
+- diffusion, no cache:   (G / tau) * T(P + G)                       every step recomputes the canvas
+- block diffusion+cache: T(P) + (G / tau) * T(block) [+ blocks * T(block) commit forwards]
+- b concurrent requests: AR b / T(b) tok/s; diffusion tau * b / T(g * b) with g positions per step.
+
+It ignores kernel launch and framework overhead, which dominates small models on a CPU (measured
+at about 25 ms per call for unmask's 25 M benchmark model), so it is a lower bound there.
+"""
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    bandwidth: float  # bytes per second
+    peak_flops: float  # FLOP per second in the model's dtype
+
+
+PRESETS = {
+    "h100-sxm": Hardware("H100 SXM (bf16 dense)", 3.352e12, 989.4e12),
+    "h200": Hardware("H200 SXM (bf16 dense)", 4.8e12, 989.4e12),
+    "a100-80gb": Hardware("A100 80GB SXM (bf16 dense)", 2.039e12, 312e12),
+}
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    weight_bytes: float
+    flops_per_position: float  # about 2N
+    # optional attention terms (per layer and position of context)
+    num_layers: int = 0
+    kv_dim: int = 0  # n_kv_heads * head_dim
+    q_dim: int = 0  # n_heads * head_dim
+    kv_bytes_per_element: float = 2.0
+
+    @classmethod
+    def seed_7b(cls) -> "ModelCost":
+        """Seed 000's teaching model: 7B parameters in bf16 (1.4e10 bytes, 2N = 1.4e10 FLOPs)."""
+        return cls(1.4e10, 1.4e10)
+
+    @classmethod
+    def from_arch(cls, arch, bytes_per_param: float = 2.0, attention: bool = False) -> "ModelCost":
+        n = arch.num_parameters(embeddings=True)
+        # the input embedding is a lookup: it is read but costs no FLOPs
+        flops = 2 * (n - arch.vocab_size * arch.hidden_size)
+        kw = {}
+        if attention:
+            kw = dict(num_layers=arch.num_layers, kv_dim=arch.num_kv_heads * arch.head_dim,
+                      q_dim=arch.num_heads * arch.head_dim, kv_bytes_per_element=bytes_per_param)
+        return cls(n * bytes_per_param, flops, **kw)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    hw: Hardware
+    model: ModelCost
+
+    def step(self, positions: float, context: float = 0, batch: int = 1) -> float:
+        """Seconds for one forward over `positions` query positions in total (all rows), each
+        attending to `context` keys, with `batch` rows sharing the weight read."""
+        m = self.model
+        memory = m.weight_bytes
+        compute = positions * m.flops_per_position
+        if m.num_layers and context:
+            memory += batch * context * m.num_layers * 2 * m.kv_dim * m.kv_bytes_per_element
+            compute += positions * m.num_layers * 4 * context * m.q_dim
+        return max(memory / self.hw.bandwidth, compute / self.hw.peak_flops)
+
+    # ---- one request
+    def ar_latency(self, prompt: int, gen: int) -> float:
+        decode = sum(self.step(1, prompt + i) for i in range(gen)) if self.model.num_layers else gen * self.step(1)
+        return self.step(prompt, prompt) + decode
+
+    def diffusion_latency(self, prompt: int, gen: int, tau: float) -> float:
+        """No cache: every step recomputes prompt + gen positions."""
+        L = prompt + gen
+        return math.ceil(gen / tau) * self.step(L, L)
+
+    def block_latency(self, prompt: int, gen: int, tau: float, block: int, commit_forwards: bool = False) -> float:
+        """Block diffusion with an exact cache: prefill, then `block` positions per step; with
+        `commit_forwards`, one extra forward per block to write it into the cache."""
+        L = prompt + gen
+        steps = math.ceil(gen / tau) + (gen // block if commit_forwards else 0)
+        return self.step(prompt, prompt) + steps * self.step(block, L)
+
+    # ---- b concurrent requests, decode phase
+    def ar_throughput(self, batch: int, context: int = 0) -> float:
+        return batch / self.step(batch, context, batch)
+
+    def diffusion_throughput(self, batch: int, tau: float, positions_per_step: int, context: int = 0) -> float:
+        return tau * batch / self.step(positions_per_step * batch, context, batch)
+
+    def crossover(self, tau: float, positions_per_step: int, context: int = 0, max_batch: int = 4096) -> int | None:
+        """Smallest batch at which AR throughput reaches the diffusion throughput."""
+        for b in range(1, max_batch + 1):
+            if self.ar_throughput(b, context) >= self.diffusion_throughput(b, tau, positions_per_step, context):
+                return b
+        return None
+
+
+def measure_cpu(seconds: float = 0.5) -> Hardware:
+    """This machine, measured once: bandwidth from a large float32 copy, FLOP/s from a matmul."""
+    import torch
+
+    a = torch.empty(64 * 2**20 // 4, dtype=torch.float32).uniform_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        b.copy_(a)
+        n += 1
+    bandwidth = 2 * a.numel() * 4 * n / (time.perf_counter() - t0)  # read + write
+    x = torch.randn(1024, 1024)
+    y = torch.randn(1024, 1024)
+    x @ y
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        x @ y
+        n += 1
+    flops = 2 * 1024**3 * n / (time.perf_counter() - t0)
+    return Hardware(f"this CPU ({torch.get_num_threads()} threads, float32, measured)", bandwidth, flops)
+
+
+def seed_example() -> str:
+    """Seed 000's worked example, recomputed: H100 SXM, 7B bf16, prompt 512, gen 256."""
+    r = Roofline(PRESETS["h100-sxm"], ModelCost.seed_7b())
+    ms = lambda s: f"{s * 1e3:.0f} ms"  # noqa: E731
+    lines = [
+        f"hardware: {r.hw.name}; model: 7B bf16 (1.4e10 bytes, 2N = 1.4e10 FLOPs)",
+        f"weight read {r.step(1) * 1e3:.2f} ms; compute per position {1.4e10 / r.hw.peak_flops * 1e3:.5f} ms; "
+        f"the two meet at n = {r.model.weight_bytes / r.hw.bandwidth / (1.4e10 / r.hw.peak_flops):.0f} positions",
+        "",
+        "one request, prompt 512, gen 256:",
+        f"  AR with KV cache (prefill + 256 steps)           {ms(r.ar_latency(512, 256))}",
+        f"  diffusion, no cache, 1 token/step (256 x 768)    {ms(r.diffusion_latency(512, 256, 1))}",
+        f"  diffusion, no cache, 4 tokens/step (64 x 768)    {ms(r.diffusion_latency(512, 256, 4))}",
+        f"  block diffusion + cache, block 32, tau 4         {ms(r.block_latency(512, 256, 4, 32))}",
+        f"    + one commit forward per block (8 blocks)      {ms(r.block_latency(512, 256, 4, 32, True))}",
+        "",
+        "concurrent requests (decode), block diffusion G = 32, tau = 4:",
+        f"  {'batch':>6} {'AR tok/s':>10} {'diffusion tok/s':>16}",
+    ]
+    for b in (1, 8, 9, 37, 64, 295):
+        lines.append(f"  {b:6d} {r.ar_throughput(b):10.0f} {r.diffusion_throughput(b, 4, 32):16.0f}")
+    lines += [
+        f"  caps: AR {1 / (r.model.flops_per_position / r.hw.peak_flops):.0f} tok/s, diffusion "
+        f"{4 / (32 * r.model.flops_per_position / r.hw.peak_flops):.0f} tok/s (= AR cap x tau / G)",
+        f"  AR catches up at batch {r.crossover(4, 32)}",
+    ]
+    return "\n".join(lines)
+
+
+def with_hardware(r: Roofline, hw: Hardware) -> Roofline:
+    return replace(r, hw=hw)

@@ -1,0 +1,42 @@
+"""The roofline cost model reproduces seed 000's worked numbers."""
+
+import pytest
+
+from unmask.bench.roofline import PRESETS, ModelCost, Roofline
+
+
+@pytest.fixture
+def seed():
+    return Roofline(PRESETS["h100-sxm"], ModelCost.seed_7b())
+
+
+def test_single_request_latencies(seed):
+    ms = lambda s: round(s * 1e3)  # noqa: E731
+    assert seed.step(1) * 1e3 == pytest.approx(4.18, abs=0.005)
+    assert ms(seed.step(512)) == 7
+    assert ms(seed.ar_latency(512, 256)) == 1076
+    assert ms(seed.diffusion_latency(512, 256, 1)) == 2782
+    assert ms(seed.diffusion_latency(512, 256, 4)) == 696
+    assert ms(seed.block_latency(512, 256, 4, 32)) == 275
+    assert ms(seed.block_latency(512, 256, 4, 32, commit_forwards=True)) == 308
+
+
+def test_concurrency_caps_and_crossover(seed):
+    assert round(seed.diffusion_throughput(64, 4, 32)) == 8834
+    assert round(1 / (seed.model.flops_per_position / seed.hw.peak_flops)) == 70671
+    assert round(seed.diffusion_throughput(9, 4, 32)) < 8834 < round(seed.diffusion_throughput(10, 4, 32)) + 1
+    assert seed.crossover(4, 32) == 37
+    # low batch: the diffusion advantage is about tau; compute-bound: about tau / G
+    assert seed.diffusion_throughput(1, 4, 32) / seed.ar_throughput(1) == pytest.approx(4, rel=1e-6)
+    assert seed.diffusion_throughput(400, 4, 32) / seed.ar_throughput(400) == pytest.approx(4 / 32, rel=1e-6)
+
+
+def test_attention_terms_only_add_cost(seed):
+    from unmask.models.base import ArchConfig
+
+    arch = ArchConfig("llada", 126464, 4096, 32, 32, 32, 12288, 5e5, 1e-5, 4096)
+    plain = Roofline(PRESETS["h100-sxm"], ModelCost.from_arch(arch))
+    full = Roofline(PRESETS["h100-sxm"], ModelCost.from_arch(arch, attention=True))
+    assert plain.model.weight_bytes == pytest.approx(2 * 8.0e9, rel=0.03)  # LLaDA-8B in bf16
+    for n in (1, 32, 768):
+        assert full.step(n, 768) >= plain.step(n)
