@@ -40,3 +40,19 @@ def test_attention_terms_only_add_cost(seed):
     assert plain.model.weight_bytes == pytest.approx(2 * 8.0e9, rel=0.03)  # LLaDA-8B in bf16
     for n in (1, 32, 768):
         assert full.step(n, 768) >= plain.step(n)
+
+
+def test_cli_prints_seed_example_and_writes_plot(capsys, tmp_path, llada_dir):
+    import json
+
+    from unmask.cli import main
+
+    assert main(["roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "1076 ms" in out and "2782 ms" in out and "308 ms" in out and "batch 37" in out
+    png = tmp_path / "r.png"
+    assert main(["roofline", "--model", str(llada_dir), "--attention", "--json", "--plot", str(png)]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    assert png.stat().st_size > 1000 and pred["latency_ms"]["ar"] > 0
+    assert main(["roofline", "--hardware", "tpu"]) == 2
+    assert "unknown hardware 'tpu'" in capsys.readouterr().err

@@ -132,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
                       ("batch", int), ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int),
                       ("eval-n", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
+    r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
+    r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
+    r.add_argument("--model", default=None, help="checkpoint folder or 'default' for the model's size")
+    r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
+    r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
+    r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")
+    r.add_argument("--prompt", type=int, default=512)
+    r.add_argument("--gen", type=int, default=256)
+    r.add_argument("--tau", type=float, default=4.0, help="tokens committed per forward")
+    r.add_argument("--block", type=int, default=32, help="positions recomputed per cached step (G)")
+    r.add_argument("--batches", default="1,8,64,256")
+    r.add_argument("--plot", default=None, help="write a throughput-vs-batch PNG here")
+    r.add_argument("--json", action="store_true")
     return parser
 
 
@@ -229,12 +242,64 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_roofline(a: argparse.Namespace) -> int:
+    from unmask.bench import roofline as rl
+
+    custom = any(v is not None for v in (a.hardware, a.model, a.params, a.plot)) or a.json or a.attention
+    if not custom:
+        print(rl.seed_example())
+        return 0
+    if a.hardware in (None, *rl.PRESETS):
+        hw = rl.PRESETS[a.hardware or "h100-sxm"]
+    elif a.hardware == "cpu":
+        hw = rl.measure_cpu()
+    else:
+        raise UnmaskError(f"unknown hardware {a.hardware!r}; choose {', '.join(rl.PRESETS)} or cpu")
+    if a.model is not None and a.params is not None:
+        raise UnmaskError("give --model or --params, not both")
+    if a.attention and a.model is None:
+        raise UnmaskError("--attention needs --model (the layer and head sizes come from its config)")
+    if a.bytes_per_param is None:
+        a.bytes_per_param = 4.0 if a.hardware == "cpu" else 2.0
+    if a.model is not None:
+        from unmask.llm import resolve_model_path
+        from unmask.models.loader import read_json
+        from unmask.models.registry import resolve_family
+
+        cfg = read_json(resolve_model_path(a.model) / "config.json")
+        cost = rl.ModelCost.from_arch(resolve_family(cfg).arch(cfg), a.bytes_per_param, a.attention)
+    else:
+        n = a.params if a.params is not None else 7e9
+        if not n > 0:
+            raise UnmaskError(f"--params {n} must be > 0")
+        cost = rl.ModelCost(n * a.bytes_per_param, 2 * n)
+    for name in ("prompt", "gen", "block"):
+        if getattr(a, name) < 1:
+            raise UnmaskError(f"--{name} {getattr(a, name)} must be a positive integer")
+    if not a.tau > 0:
+        raise UnmaskError(f"--tau {a.tau} must be > 0")
+    try:
+        batches = [int(b) for b in a.batches.split(",")]
+    except ValueError:
+        raise UnmaskError(f"--batches {a.batches!r} is not a comma-separated list of integers") from None
+    model = rl.Roofline(hw, cost)
+    pred = rl.predict(model, a.prompt, a.gen, a.tau, a.block, batches)
+    if a.plot:
+        rl.plot_prediction(model, pred, a.plot)
+    print(json.dumps(pred) if a.json else rl.format_prediction(pred))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train}[args.command](args)
+        commands = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline}
+        return commands[args.command](args)
     except UnmaskError as e:
         print(f"unmask: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0

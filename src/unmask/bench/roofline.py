@@ -162,3 +162,63 @@ def seed_example() -> str:
 
 def with_hardware(r: Roofline, hw: Hardware) -> Roofline:
     return replace(r, hw=hw)
+
+
+def predict(r: Roofline, prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> dict:
+    """Latency of one request and decode throughput at each batch, for AR and diffusion."""
+    ctx = prompt + gen if r.model.num_layers else 0
+    return {
+        "hardware": r.hw.__dict__,
+        "model": r.model.__dict__,
+        "setup": {"prompt": prompt, "gen": gen, "tau": tau, "block": block},
+        "latency_ms": {
+            "ar": 1e3 * r.ar_latency(prompt, gen),
+            "diffusion_no_cache": 1e3 * r.diffusion_latency(prompt, gen, tau),
+            "block_cache": 1e3 * r.block_latency(prompt, gen, tau, block),
+            "block_cache_commit_forwards": 1e3 * r.block_latency(prompt, gen, tau, block, True),
+        },
+        "throughput_tok_s": [
+            {"batch": b, "ar": r.ar_throughput(b, ctx), "diffusion": r.diffusion_throughput(b, tau, block, ctx)}
+            for b in batches
+        ],
+        "crossover_batch": r.crossover(tau, block, ctx),
+    }
+
+
+def format_prediction(p: dict) -> str:
+    s, lat = p["setup"], p["latency_ms"]
+    lines = [
+        f"hardware: {p['hardware']['name']} ({p['hardware']['bandwidth'] / 1e9:.0f} GB/s, "
+        f"{p['hardware']['peak_flops'] / 1e12:.2f} TFLOP/s); weights {p['model']['weight_bytes'] / 1e6:.3g} MB",
+        f"one request, prompt {s['prompt']}, gen {s['gen']}, tau {s['tau']}, block {s['block']}:",
+        f"  AR {lat['ar']:.1f} ms | diffusion no cache {lat['diffusion_no_cache']:.1f} ms | "
+        f"block + cache {lat['block_cache']:.1f} ms ({lat['block_cache_commit_forwards']:.1f} with commit forwards)",
+        f"  {'batch':>6} {'AR tok/s':>12} {'diffusion tok/s':>16}",
+    ]
+    for row in p["throughput_tok_s"]:
+        lines.append(f"  {row['batch']:6d} {row['ar']:12.0f} {row['diffusion']:16.0f}")
+    lines.append(f"  AR catches up at batch {p['crossover_batch']}")
+    return "\n".join(lines)
+
+
+def plot_prediction(r: Roofline, p: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = p["setup"]
+    ctx = s["prompt"] + s["gen"] if r.model.num_layers else 0
+    bs = sorted({int(round(x)) for x in (2 ** (i / 4) for i in range(0, 4 * 12 + 1))})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(bs, [r.ar_throughput(b, ctx) for b in bs], label="AR with KV cache")
+    ax.plot(bs, [r.diffusion_throughput(b, s["tau"], s["block"], ctx) for b in bs],
+            label=f"block diffusion (G={s['block']}, tau={s['tau']})")
+    if p["crossover_batch"]:
+        ax.axvline(p["crossover_batch"], color="grey", ls=":", label=f"crossover b={p['crossover_batch']}")
+    ax.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="decode tokens/s",
+           title=f"Roofline: {p['hardware']['name']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
