@@ -17,9 +17,10 @@ class TaskResult:
     tokens_per_forward: float  # tokens up to and including end of text, per forward
     seconds: float
     samples: list[dict] = field(default_factory=list)
+    flags: list[bool] = field(default_factory=list)  # exact match of each example, in order
 
     def row(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "samples"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("samples", "flags")}
 
 
 def evaluate(
@@ -35,7 +36,7 @@ def evaluate(
     for task in tasks:
         examples = held_out(task, n)
         exact = acc = nfe = toks = secs = 0.0
-        samples = []
+        samples, flags = [], []
         for i in range(0, n, batch_size):
             chunk = examples[i : i + batch_size]
             res = llm.generate([ex.prompt for ex in chunk], params, chat=False)
@@ -43,12 +44,13 @@ def evaluate(
             for ex, r in zip(chunk, res.results):
                 s = score(ex, r.text)
                 exact += s.exact
+                flags.append(s.exact)
                 acc += s.token_accuracy
                 nfe += r.nfe
                 toks += len(r.token_ids) + (r.finish_reason == "stop")
                 if len(samples) < keep_samples:
                     samples.append({"prompt": ex.prompt, "gold": ex.answer, "output": r.text, "exact": s.exact})
-        out.append(TaskResult(task, n, exact / n, acc / n, nfe / n, toks / max(nfe, 1), secs, samples))
+        out.append(TaskResult(task, n, exact / n, acc / n, nfe / n, toks / max(nfe, 1), secs, samples, flags))
     return out
 
 
