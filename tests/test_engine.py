@@ -175,3 +175,27 @@ def test_seeded_sampling_is_reproducible(llada):
     b = llada.generate([[1, 2, 3]], p).results[0].raw_ids
     c = llada.generate([[1, 2, 3]], GenerationParams(**{**p.__dict__, "seed": 8})).results[0].raw_ids
     assert a == b and a != c
+
+
+@pytest.mark.parametrize("kw", [dict(confidence="margin"), dict(confidence="neg_entropy", policy="threshold", threshold=0.5),
+                                dict(top_k=3, temperature=0.8, seed=1), dict(top_p=0.5, temperature=1.0, seed=2),
+                                dict(policy="entropy", gamma=0.5, cache="dual"), dict(policy="budget", cache="prefix")])
+def test_native_knobs_complete_the_canvas(llada, kw):
+    out = llada.generate([[1, 2, 3], [4, 5]], GenerationParams(gen_length=16, block_length=8, early_stop=False, **kw))
+    for r in out.results:
+        assert llada.token_ids.mask not in r.raw_ids and sum(r.commits) == 16
+
+
+def test_top_k_one_is_greedy(llada):
+    greedy = llada.generate([[1, 2, 3]], GenerationParams(gen_length=16, block_length=8)).results[0].raw_ids
+    top1 = llada.generate([[1, 2, 3]], GenerationParams(gen_length=16, block_length=8, top_k=1, temperature=1.0,
+                                                        seed=3)).results[0].raw_ids
+    assert greedy == top1
+
+
+def test_bfloat16_weights_decode(llada_dir):
+    from unmask import LLM
+
+    llm = LLM(llada_dir, dtype="bfloat16")
+    out = llm.generate([[1, 2, 3]], GenerationParams(gen_length=16, block_length=8, cache="dual", early_stop=False))
+    assert llm.token_ids.mask not in out.results[0].raw_ids

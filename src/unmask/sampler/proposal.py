@@ -2,7 +2,8 @@
 
 Two sampling families exist upstream and both are reproduced:
 - "gumbel" (LLaDA, Fast-dLLM): x0 = argmax(exp(logits) / (-log U)^T) with U ~ U(0,1) drawn in float64
-  over the whole logits tensor; the confidence is the *untempered* probability of x0.
+  over the whole logits tensor; the confidence is the *untempered, unfiltered* probability of x0
+  (top-k / top-p only restrict which tokens can be chosen).
 - "categorical" (Dream): logits / T, then top-k / top-p filters, then a categorical sample; the
   confidence is the probability of the sample under that tempered, filtered distribution.
 The MASK token is never proposed (the reference samplers can propose it and then never finish).
@@ -68,15 +69,17 @@ def propose(logits: torch.Tensor, cfg: ProposalConfig, generator: torch.Generato
 
 def _propose_gumbel(logits: torch.Tensor, cfg: ProposalConfig, generator: torch.Generator | None) -> Proposal:
     logits = logits.to(cfg.precision)
+    # top-k / top-p restrict the choice; the confidence stays the model's own probability
+    allowed = logits
     if cfg.top_k is not None:
-        logits = _filter_top_k(logits, cfg.top_k)
+        allowed = _filter_top_k(allowed, cfg.top_k)
     if cfg.top_p is not None and cfg.top_p < 1:
-        logits = _filter_top_p(logits, cfg.top_p)
+        allowed = _filter_top_p(allowed, cfg.top_p)
     if cfg.temperature > 0:
         u = torch.rand(logits.shape, dtype=torch.float64, generator=generator, device=logits.device)
-        choice = logits.to(torch.float64).exp() / (-torch.log(u)) ** cfg.temperature
+        choice = allowed.to(torch.float64).exp() / (-torch.log(u)) ** cfg.temperature
     else:
-        choice = logits.clone()
+        choice = allowed.clone()
     choice[..., cfg.mask_id] = -torch.inf
     tokens = choice.argmax(-1)
     need_probs = cfg.confidence in ("margin", "neg_entropy") or cfg.need_entropy
