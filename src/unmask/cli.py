@@ -4,6 +4,7 @@ one-line message naming the value."""
 import argparse
 import json
 import sys
+import time
 
 from unmask.errors import UnmaskError
 from unmask.params import CACHE_NAMES, COMPAT_NAMES, CONFIDENCE_NAMES, DREAM_ALGS, POLICY_NAMES, REMASKING, GenerationParams
@@ -132,6 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
                       ("batch", int), ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int),
                       ("eval-n", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
+    b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
+    b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
+    b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
+    b.add_argument("--quick", action="store_true", help="a few-minute preset")
+    b.add_argument("--policies", default=None, help="policy:knob list, e.g. fixed:1,threshold:0.9,entropy:0.5")
+    b.add_argument("--caches", default=None, help="none,prefix,dual")
+    b.add_argument("--refresh", default=None, help="refresh intervals, 0 = only at block starts")
+    b.add_argument("--blocks", default=None, help="block lengths")
+    b.add_argument("--gens", default=None, help="generation lengths (default: the model's)")
+    b.add_argument("--batches", default=None, help="batch sizes")
+    b.add_argument("--tasks", default=None)
+    b.add_argument("--n", type=int, default=None, help="examples per task")
+    b.add_argument("--out", default="bench_out", help="folder for the JSON and the Pareto PNG")
+    b.add_argument("--quiet", action="store_true")
+
     r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
     r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
     r.add_argument("--model", default=None, help="checkpoint folder or 'default' for the model's size")
@@ -242,6 +258,63 @@ def cmd_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def _ints(flag: str, text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UnmaskError(f"--{flag} {text!r} is not a comma-separated list of integers") from None
+    if not out or any(v < 0 for v in out):
+        raise UnmaskError(f"--{flag} {text!r} needs non-negative integers")
+    return out
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unmask.bench.grid import PRESETS, build_grid, parse_policies
+    from unmask.tasks import TASKS
+
+    preset = PRESETS["quick" if a.quick else "full"]
+    pick = lambda name: getattr(a, name) if getattr(a, name) is not None else preset.get(name)  # noqa: E731
+    policies = parse_policies(pick("policies"))
+    caches = [c.strip() for c in pick("caches").split(",")]
+    for c in caches:
+        if c not in ("none", "prefix", "dual"):
+            raise UnmaskError(f"unknown cache {c!r} in --caches; choose none, prefix, dual")
+    tasks = list(parse_tasks(pick("tasks")) or TASKS) if pick("tasks") else list(TASKS)
+    n = pick("n")
+    if n < 1:
+        raise UnmaskError(f"--n {n} must be a positive integer")
+    from unmask.bench.report import format_table, plot_pareto
+    from unmask.bench.runner import run_grid
+    from unmask.llm import LLM
+
+    diffusion = LLM(a.model)
+    ar = None if a.ar_model == "none" else LLM(a.ar_model)
+    gens = _ints("gens", a.gens) if a.gens else [diffusion.generation_defaults.get("gen_length", 128)]
+    grid = build_grid(policies, caches, _ints("refresh", pick("refresh")), _ints("blocks", pick("blocks")), gens,
+                      _ints("batches", pick("batches")))
+    if not grid:
+        raise UnmaskError("the grid is empty: no block length tiles the generation length")
+    for cfg in grid:
+        cfg.params()  # reject impossible settings before measuring anything
+
+    def progress(i, total, row):
+        if not a.quiet:
+            print(f"[{i}/{total}] {row['label']:34} acc {100 * row['accuracy']:5.1f}%  "
+                  f"{row['tokens_per_s']:7.1f} tok/s  NFE {row['nfe_per_request']:5.1f}", file=sys.stderr)
+
+    run = run_grid(diffusion, ar, grid, tasks, n, progress)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"bench-{stamp}.json").write_text(json.dumps(run, indent=2))
+    plot_pareto(run, str(out / f"bench-{stamp}.png"))
+    print(format_table(run))
+    print(f"wrote {out / f'bench-{stamp}.json'} and .png", file=sys.stderr)
+    return 0
+
+
 def cmd_roofline(a: argparse.Namespace) -> int:
     from unmask.bench import roofline as rl
 
@@ -293,7 +366,8 @@ def cmd_roofline(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        commands = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline}
+        commands = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline,
+                    "bench": cmd_bench}
         return commands[args.command](args)
     except UnmaskError as e:
         print(f"unmask: error: {e}", file=sys.stderr)

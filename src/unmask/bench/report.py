@@ -1,0 +1,62 @@
+"""Table and quality-speed Pareto plots for a benchmark run."""
+
+
+def format_table(run: dict) -> str:
+    head = (f"{'configuration':34} {'acc':>6} {'95% CI':>13} {'vs base':>8} {'p':>6} {'NFE':>6} {'tau':>5} "
+            f"{'G':>6} {'tok/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'ms/step':>8} {'pred err':>8}")
+    lines = [head]
+    for r in run["results"]:
+        lo, hi = r["accuracy_ci95"]
+        vs = r.get("vs_baseline")
+        d = f"{100 * vs['diff']:+.1f}" if vs else "base"
+        p = f"{vs['mcnemar_p']:.3f}" if vs else ""
+        lines.append(
+            f"{r['label']:34} {100 * r['accuracy']:5.1f}% [{100 * lo:4.1f},{100 * hi:5.1f}] {d:>8} {p:>6} "
+            f"{r['nfe_per_request']:6.1f} {r['tau']:5.2f} {r['G']:6.1f} {r['tokens_per_s']:8.1f} "
+            f"{r['latency_ms']['p50']:8.1f} {r['latency_ms']['p95']:8.1f} {r['ms_per_step']:8.1f} "
+            f"{100 * r['prediction_error']:7.0f}%")
+    c = run["context"]
+    lines.append(f"\n{c['cpu']}, {c['threads']} threads, torch {c['torch']}, {run['dtype']}; "
+                 f"{run['n_per_task']} examples x {len(run['tasks'])} tasks; timer: {c['timer_includes']}")
+    return "\n".join(lines)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points not dominated in (speed up, accuracy up), sorted by speed."""
+    front = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return sorted(front)
+
+
+def plot_pareto(run: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, xlabel, better in ((axes[0], "tokens_per_s", "generated tokens/s", "higher"),
+                                    (axes[1], "nfe_per_request", "forwards per request (NFE)", "lower")):
+        for batch in sorted({r["config"]["batch"] for r in run["results"]}):
+            rows = [r for r in run["results"] if r["config"]["batch"] == batch]
+            diff = [r for r in rows if r["config"]["policy"] != "ar"]
+            xs = [r[key] for r in diff]
+            ys = [100 * r["accuracy"] for r in diff]
+            ax.scatter(xs, ys, s=18, label=f"diffusion b{batch}", alpha=0.8)
+            sign = 1 if better == "higher" else -1
+            front = pareto_front([(sign * x, y) for x, y in zip(xs, ys)])
+            ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6)
+            for r in rows:
+                if r["config"]["policy"] == "ar":
+                    ax.scatter([r[key]], [100 * r["accuracy"]], marker="*", s=140, edgecolor="k",
+                               label=f"AR twin b{batch}")
+        ax.set(xlabel=xlabel + f" ({better} is better)", ylabel="exact match / validity (%)", xscale="log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Quality vs speed, {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
+                 f"({run['context']['cpu']}, {run['dtype']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,139 @@
+"""`unmask bench`: quality and cost of every configuration on the same held-out examples, for the
+diffusion model and its AR twin, with the roofline prediction beside each measurement.
+
+Timing: the decode of each batch (every forward, prefill / cache refreshes included, and the
+decode loop); tokenisation and detokenisation are excluded. Tokens are counted up to and
+including end of text (the padding after it is never counted); prompt tokens are never counted.
+"""
+
+import os
+import platform
+import resource
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from unmask.bench.grid import BenchConfig
+from unmask.bench.roofline import ModelCost, Roofline, measure_cpu
+from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, row_latencies, wilson_interval
+from unmask.llm import LLM
+from unmask.tasks import held_out, score
+
+TIMER_INCLUDES = ("decode of each batch: every forward (prefill / cache refreshes included) and the decode "
+                  "loop; excludes tokenisation and detokenisation")
+
+
+@dataclass
+class Measured:
+    config: BenchConfig
+    flags: dict[str, list[bool]] = field(default_factory=dict)  # per task, per example: exact / valid
+    token_acc: dict[str, float] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)  # per request, seconds
+    seconds: float = 0.0  # summed decode time
+    predicted_seconds: float = 0.0  # roofline prediction for the same forwards
+    tokens: int = 0  # generated, up to and including end of text
+    row_forwards: int = 0  # forwards summed over requests (NFE per request, summed)
+    positions: int = 0  # positions recomputed, summed over row-forwards
+    steps: int = 0  # batched forwards
+    peak_rss_mib: float = 0.0
+
+    def summary(self, baseline: "Measured | None") -> dict:
+        all_flags = [f for t in sorted(self.flags) for f in self.flags[t]]
+        k, n = sum(all_flags), len(all_flags)
+        lo, hi = wilson_interval(k, n)
+        out = {
+            "config": self.config.key(), "label": self.config.label,
+            "accuracy": k / n, "accuracy_ci95": [lo, hi], "n": n,
+            "per_task": {t: {"exact": sum(f) / len(f), "ci95": list(wilson_interval(sum(f), len(f))),
+                             "token_accuracy": self.token_acc[t]} for t, f in sorted(self.flags.items())},
+            "nfe_per_request": self.row_forwards / n,
+            "tau": self.tokens / max(self.row_forwards, 1),
+            "G": self.positions / max(self.row_forwards, 1),
+            "tokens_per_s": self.tokens / self.seconds,
+            "latency_ms": {f"p{q}": 1e3 * percentile(self.latencies, q) for q in (50, 95, 99)},
+            "ms_per_step": 1e3 * self.seconds / max(self.steps, 1),
+            "seconds": self.seconds,
+            "peak_rss_mib": self.peak_rss_mib,
+            "predicted_seconds": self.predicted_seconds,
+            "prediction_error": (self.predicted_seconds - self.seconds) / self.seconds,
+        }
+        if baseline is not None and baseline is not self:
+            base = [f for t in sorted(baseline.flags) for f in baseline.flags[t]]
+            d, dlo, dhi = paired_bootstrap(all_flags, base)
+            out["vs_baseline"] = {"baseline": baseline.config.label, "diff": d, "ci95": [dlo, dhi],
+                                  "mcnemar_p": mcnemar_exact(all_flags, base)}
+        return out
+
+
+def _roofline(llm: LLM, hw) -> Roofline:
+    bytes_per = next(llm.model.parameters()).element_size()
+    return Roofline(hw, ModelCost.from_arch(llm.arch, bytes_per, attention=True))
+
+
+def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline) -> Measured:
+    m = Measured(cfg)
+    params = cfg.params()
+    for task in tasks:
+        examples = held_out(task, n)
+        flags, acc = [], 0.0
+        for i in range(0, n, cfg.batch):
+            chunk = examples[i : i + cfg.batch]
+            out = llm.generate([ex.prompt for ex in chunk], params, chat=False)
+            m.seconds += out.seconds
+            m.steps += len(out.steps)
+            m.latencies += row_latencies([s.seconds for s in out.steps], [r.nfe for r in out.results])
+            L = max(len(p) for p in llm.encode([ex.prompt for ex in chunk], chat=False)) + cfg.gen_length
+            m.predicted_seconds += sum(roof.step(s.rows * s.positions, L, s.rows) for s in out.steps)
+            m.positions += sum(s.rows * s.positions for s in out.steps)
+            for ex, r in zip(chunk, out.results):
+                s = score(ex, r.text)
+                flags.append(s.exact)
+                acc += s.token_accuracy
+                m.tokens += len(r.token_ids) + (r.finish_reason == "stop")
+                m.row_forwards += r.nfe
+        m.flags[task] = flags
+        m.token_acc[task] = acc / n
+    m.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return m
+
+
+def context() -> dict:
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except OSError:
+        commit = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "commit": commit or None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "timer_includes": TIMER_INCLUDES}
+
+
+def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: list[str], n: int,
+             progress=None) -> dict:
+    hw = measure_cpu()
+    roof_d = _roofline(diffusion, hw)
+    roof_a = _roofline(ar, hw) if ar is not None else None
+    rows, baselines = [], {}
+    configs = list(grid)
+    if ar is not None:
+        for b in sorted({c.batch for c in grid}):
+            g = grid[0].gen_length
+            configs.append(BenchConfig("ar", 1.0, "kv", None, g, g, b))
+    for i, cfg in enumerate(configs):
+        llm, roof = (ar, roof_a) if cfg.policy == "ar" else (diffusion, roof_d)
+        m = measure(llm, cfg, tasks, n, roof)
+        baselines.setdefault(cfg.batch, m if cfg.policy != "ar" else None)
+        base = baselines.get(cfg.batch) or next(iter(baselines.values()))
+        rows.append(m.summary(base))
+        if progress:
+            progress(i + 1, len(configs), rows[-1])
+    return {"context": context(), "hardware_measured": hw.__dict__, "tasks": tasks, "n_per_task": n,
+            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
+            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None, "results": rows}

@@ -1,0 +1,49 @@
+"""`unmask bench --quick` end to end on tiny models: valid JSON, a PNG, and sane numbers."""
+
+import json
+
+import pytest
+
+from unmask.cli import main
+from unmask.train.run import train
+from unmask.train.trainer import TrainConfig
+
+TINY = dict(layers=1, d_model=32, heads=2, mlp=64, gen_length=24, batch=4, eval_every=100)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench_models")
+    train(TrainConfig(steps=2, **TINY), root / "d", progress=False)
+    train(TrainConfig(kind="ar", steps=2, **TINY), root / "a", progress=False)
+    return root / "d" / "model", root / "a" / "model"
+
+
+def test_quick_bench_writes_json_and_png(tmp_path, tiny_models, capsys):
+    d, a = tiny_models
+    code = main(["bench", "--quick", "--model", str(d), "--ar-model", str(a), "--n", "4", "--tasks", "copy,pairs",
+                 "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    files = sorted(tmp_path.iterdir())
+    run = json.loads(next(f for f in files if f.suffix == ".json").read_text())
+    png = next(f for f in files if f.suffix == ".png")
+    assert png.stat().st_size > 5000
+    labels = [r["label"] for r in run["results"]]
+    assert any(lab.startswith("AR twin") for lab in labels)
+    # 3 policies x 2 caches x 2 batches + AR at 2 batches
+    assert len(run["results"]) == 14
+    for r in run["results"]:
+        assert r["n"] == 8 and 0 <= r["accuracy"] <= 1
+        assert r["tokens_per_s"] > 0 and r["latency_ms"]["p50"] <= r["latency_ms"]["p95"] <= r["latency_ms"]["p99"]
+        assert r["predicted_seconds"] > 0
+    base = run["results"][0]
+    assert "vs_baseline" not in base and "vs_baseline" in run["results"][1]
+    dual = next(r for r in run["results"] if r["config"]["cache"] == "dual" and r["config"]["batch"] == 1)
+    assert dual["G"] < base["G"]  # dual cache recomputes fewer positions per forward
+    assert run["context"]["timer_includes"] and run["context"]["torch"]
+    assert "configuration" in capsys.readouterr().out
+
+
+def test_bench_rejects_bad_grid(capsys):
+    assert main(["bench", "--policies", "greedy:1"]) == 2
+    assert "unknown policy 'greedy'" in capsys.readouterr().err
