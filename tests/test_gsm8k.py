@@ -1,0 +1,46 @@
+"""GSM8K answer extraction against the real gold answers, and the prompt format."""
+
+import pytest
+
+from unmask.bench import gsm8k
+
+
+@pytest.fixture(scope="module")
+def test_split():
+    return gsm8k.load("test")
+
+
+def test_packaged_copy_is_complete(test_split):
+    assert len(test_split) == 1319
+    assert test_split[0].question.startswith("Janet")
+
+
+def test_gold_solutions_score_under_both_extractions(test_split):
+    """A model that writes the gold worked solution gets full marks, strict and flexible."""
+    for p in test_split:
+        s = gsm8k.score(" " + p.answer + "\n\nQuestion: next one", p)
+        assert s["strict"] and s["flexible"], p.answer[-40:]
+
+
+def test_extraction_rules():
+    p = gsm8k.Problem("q", "work\n#### 1,234")
+    assert gsm8k.gold(p) == "1234"
+    assert gsm8k.score("so it is $1,234.", p) == {"strict": False, "flexible": True}
+    assert gsm8k.score("#### 1234\nthen 7", p) == {"strict": True, "flexible": False}
+    assert gsm8k.score("no number here", p) == {"strict": False, "flexible": False}
+    assert gsm8k.flexible_extract("a 12 b -3.5 c") == "-3.5"
+    assert gsm8k.strict_extract("#### -7") == "-7"
+
+
+def test_wrong_answers_are_wrong(test_split):
+    for p in test_split[:50]:
+        wrong = str(int(gsm8k.gold(p)) + 1) if gsm8k.gold(p).lstrip("-").isdigit() else "0"
+        assert not any(gsm8k.score(f"#### {wrong}", p).values())
+
+
+def test_five_shot_prompt_format():
+    shots = gsm8k.load("train")[:5]
+    prompt = gsm8k.build_prompt("How many?", shots)
+    assert prompt.startswith("Question: Natalia sold clips")
+    assert prompt.endswith("\n\nQuestion: How many?\nAnswer:")
+    assert prompt.count("Question:") == 6 and prompt.count("#### ") == 5
