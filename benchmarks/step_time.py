@@ -15,10 +15,8 @@ tokenisation. Writes JSON (default benchmarks/results/step_time_cpu.json) and pr
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from unmask.bench.runner import context  # noqa: E402
 from unmask.engine import decode  # noqa: E402
 from unmask.models.base import ArchConfig, TokenIds  # noqa: E402
 from unmask.models.llada import LLaDAModel  # noqa: E402
@@ -94,23 +93,6 @@ def run(model, prompt_len, gen, block, steps, batch, cache, seed=0):
     }
 
 
-def _git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except OSError:
-        return None
-
-
-def hardware() -> dict:
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "python": platform.python_version()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=8)
@@ -153,7 +135,7 @@ def main() -> None:
             print(f"  prompt {r['prompt_len']:5d} (L={r['prompt_len'] + a.gen}): {r['ms_cached_step']:7.1f} ms per cached step")
         scaling = {"by_block_length": by_block, "by_prompt_length": by_len}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"benchmark": "step_time", "hardware": hardware(), "commit": _git_commit(), "setup": setup,
+    result = {"benchmark": "step_time", "context": context(), "setup": setup,
               "results": rows, "dual_scaling": scaling, "peak_rss_mib": peak,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out = Path(a.out)
