@@ -36,23 +36,28 @@ def plot_pareto(run: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.ticker import NullFormatter
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, xlabel, better in ((axes[0], "tokens_per_s", "generated tokens/s", "higher"),
                                     (axes[1], "nfe_per_request", "forwards per request (NFE)", "lower")):
-        for batch in sorted({r["config"]["batch"] for r in run["results"]}):
+        for j, batch in enumerate(sorted({r["config"]["batch"] for r in run["results"]})):
+            colour = colours[j % len(colours)]
             rows = [r for r in run["results"] if r["config"]["batch"] == batch]
             diff = [r for r in rows if r["config"]["policy"] != "ar"]
             xs = [r[key] for r in diff]
             ys = [100 * r["accuracy"] for r in diff]
-            ax.scatter(xs, ys, s=18, label=f"diffusion b{batch}", alpha=0.8)
+            ax.scatter(xs, ys, s=18, label=f"diffusion b{batch}", alpha=0.8, color=colour)
             sign = 1 if better == "higher" else -1
             front = pareto_front([(sign * x, y) for x, y in zip(xs, ys)])
-            ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6)
+            ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6, color=colour)
             for r in rows:
                 if r["config"]["policy"] == "ar":
                     ax.scatter([r[key]], [100 * r["accuracy"]], marker="*", s=140, edgecolor="k",
-                               label=f"AR twin b{batch}")
+                               color=colour, label=f"AR twin b{batch}")
         ax.set(xlabel=xlabel + f" ({better} is better)", ylabel="exact match / validity (%)", xscale="log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"Quality vs speed, {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
