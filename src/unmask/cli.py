@@ -209,7 +209,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
             "tokens_per_forward": tokens / out.nfe if out.nfe else 0.0,
             "seconds": out.seconds,
             "cache": out.cache,
-            "policy": params.policy,
+            "policy": "autoregressive" if llm.arch.causal else params.policy,
         }))
     else:
         for r in out.results:
@@ -217,7 +217,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         per_fwd = tokens / max(out.nfe, 1)
         print(
             f"[unmask] nfe={out.nfe} tokens={tokens} tokens/forward={per_fwd:.2f} time={out.seconds:.2f}s "
-            f"({tokens / max(out.seconds, 1e-9):.1f} tok/s) cache={out.cache} policy={params.policy}",
+            f"({tokens / max(out.seconds, 1e-9):.1f} tok/s) cache={out.cache} "
+            f"policy={'autoregressive' if llm.arch.causal else params.policy}",
             file=sys.stderr,
         )
     return 0
