@@ -9,7 +9,8 @@ import torch
 
 
 class RotaryEmbedding:
-    """cos/sin tables for integer positions, grown on demand (Dream declares 131072 positions)."""
+    """cos/sin for integer positions, computed from the positions of each forward: no table to
+    grow and no host sync to size it (the same element-wise float32 ops a table would hold)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         if head_dim % 2:
@@ -18,23 +19,14 @@ class RotaryEmbedding:
         # built on the CPU explicitly: models are constructed under torch.device("meta")
         ar = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")
         self.inv_freq = 1.0 / (theta ** (ar / head_dim))
-        self._cos = torch.empty(0, head_dim, device="cpu")
-        self._sin = torch.empty(0, head_dim, device="cpu")
-
-    def _grow(self, n: int, device: torch.device) -> None:
-        n = max(n, 2 * self._cos.shape[0], 256)
-        seq = torch.arange(n, dtype=torch.float32, device=device)
-        freqs = torch.outer(seq, self.inv_freq.to(device))
-        table = torch.cat((freqs, freqs), dim=-1)
-        self._cos, self._sin = table.cos(), table.sin()
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (B, q) int64 -> cos, sin of shape (B, 1, q, head_dim), float32."""
-        need = int(positions.max()) + 1 if positions.numel() else 1
-        if need > self._cos.shape[0] or self._cos.device != positions.device:
-            self._grow(need, positions.device)
-        pos = positions.clamp(min=0)
-        return self._cos[pos].unsqueeze(1), self._sin[pos].unsqueeze(1)
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.clamp(min=0).float()[..., None] * self.inv_freq
+        table = torch.cat((freqs, freqs), dim=-1)
+        return table.cos().unsqueeze(1), table.sin().unsqueeze(1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
