@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # The recorded recipe of the embedded default model and its AR twin (seed 0, this 2-core CPU).
 #   1. the causal AR twin, trained from scratch (it learns the tasks several times faster);
-#   2. the masked-diffusion model, initialised from the AR twin's weights (same LLaDA layout,
-#      bidirectional attention, no logit shift) and trained with the LLaDA SFT objective.
+#   2. the masked-diffusion model, initialised from the AR twin's weights and trained with the
+#      LLaDA SFT objective, bidirectional, keeping the AR alignment of logits (position j scores
+#      token j + 1, `--logit-shift 1`), as Dream was adapted from Qwen: the twin's circuits (e.g.
+#      induction heads for copy and reverse) carry over.
 # Each phase is resumable: rerun a phase with `--resume` (and a larger --steps to go further).
 # Then: python scripts/ship_default.py copies runs/*/model into src/unmask/assets/.
 set -euo pipefail
 export OMP_WAIT_POLICY=PASSIVE
-MIX="copy=2,reverse=2,sort=1.5,arith=2,pairs=0.5,json,word"
-AR_STEPS=${AR_STEPS:-1200}
-DIFF_STEPS=${DIFF_STEPS:-3600}
-unmask train --kind ar --out runs/ar --steps "$AR_STEPS" --gen-length 24 --seed 0 --tasks "$MIX" --eval-every 400 --eval-n 32
-unmask train --out runs/default --init-from runs/ar --steps "$DIFF_STEPS" --warmup 50 --gen-length 24 --seed 0 \
-    --tasks "$MIX" --eval-every 600 --eval-n 32
+MIX="copy=1.5,reverse=1.5,sort=1.5,arith=3,pairs=0.25,json=1,word=0.75"
+AR_STEPS=${AR_STEPS:-3000}
+DIFF_STEPS=${DIFF_STEPS:-4500}
+if [ ! -f runs/ar/model/training.json ] || ! grep -q '"final": true' runs/ar/model/training.json; then
+  RESUME=$([ -f runs/ar/trainer_state.pt ] && echo --resume || true)
+  unmask train --kind ar --out runs/ar --steps "$AR_STEPS" --gen-length 24 --seed 0 --tasks "$MIX" \
+      --eval-every 500 --eval-n 32 $RESUME
+fi
+RESUME=$([ -f runs/default/trainer_state.pt ] && echo --resume || true)
+unmask train --out runs/default --init-from runs/ar --logit-shift 1 --steps "$DIFF_STEPS" --warmup 50 \
+    --gen-length 24 --seed 0 --tasks "$MIX" --eval-every 500 --eval-n 32 $RESUME

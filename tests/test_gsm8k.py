@@ -44,3 +44,20 @@ def test_five_shot_prompt_format():
     assert prompt.startswith("Question: Natalia sold clips")
     assert prompt.endswith("\n\nQuestion: How many?\nAnswer:")
     assert prompt.count("Question:") == 6 and prompt.count("#### ") == 5
+
+
+def test_cli_runner_scores_a_tiny_model(capsys, llada_dir):
+    import json
+
+    from unmask.cli import main
+
+    assert main(["gsm8k", "--model", str(llada_dir), "--n", "3", "--shots", "2", "--gen-length", "8",
+                 "--block-length", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 3 and out["strict"] == 0.0 and len(out["samples"]) == 3
+    assert out["strict_ci"][0] == 0.0 and 0 < out["strict_ci"][1] < 1
+    assert out["nfe"] > 0 and out["params"]["gen_length"] == 8
+    assert {"question", "gold", "completion", "strict", "flexible"} <= set(out["samples"][0])
+    assert main(["gsm8k", "--model", str(llada_dir), "--shots", "9"]) == 2
+    assert "shots 9" in capsys.readouterr().err
+    assert main(["gsm8k", "--model", str(llada_dir), "--n", "0"]) == 2

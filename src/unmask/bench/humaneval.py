@@ -34,15 +34,25 @@ class HumanEvalResult:
     n: int
     pass_at_1: float
     results: list[dict]
+    nfe: float = 0.0  # forwards per problem
+    tokens_per_s: float = 0.0  # generated tokens (up to end of text) per second of decoding
+    seconds: float = 0.0  # decoding time: every forward and the loop; tokenisation excluded
 
 
 def run(llm, params, n: int | None = None, timeout: float = 3.0, batch_size: int = 8) -> HumanEvalResult:
     probs = problems()[:n]
-    results = []
+    results, nfe, tokens, seconds = [], 0, 0, 0.0
     for i in range(0, len(probs), batch_size):
         chunk = probs[i : i + batch_size]
         out = llm.generate([p["prompt"] for p in chunk], params, chat=False)
+        seconds += out.seconds
         for p, r in zip(chunk, out.results):
-            res = check(p, truncate(r.text), timeout)
-            results.append({"task_id": p["task_id"], "passed": res["passed"], "result": res["result"]})
-    return HumanEvalResult(len(results), sum(r["passed"] for r in results) / max(len(results), 1), results)
+            nfe += r.nfe
+            tokens += len(r.token_ids)
+            completion = truncate(r.text)
+            res = check(p, completion, timeout)
+            results.append({"task_id": p["task_id"], "passed": res["passed"], "result": res["result"],
+                            "completion": completion})
+    k = max(len(results), 1)
+    return HumanEvalResult(len(results), sum(r["passed"] for r in results) / k, results, nfe / k,
+                           tokens / seconds if seconds else 0.0, seconds)

@@ -44,9 +44,18 @@ def llada_arch(cfg: dict) -> ArchConfig:
             tie_embeddings=bool(cfg.get("weight_tying", False)),
             qkv_bias=bool(cfg.get("include_qkv_bias", False)),
             causal=bool(cfg.get("causal", False)),
+            logit_shift=_logit_shift(cfg.get("logit_shift", 0)),
         )
     except KeyError as e:
         raise CheckpointError(f"config.json: LLaDA config lacks required field {e.args[0]!r}") from None
+
+
+def _logit_shift(value) -> int:
+    """unmask extension: a diffusion model adapted from its AR twin may keep the AR alignment
+    (logits at position j score the token at j + 1), as Dream did from Qwen."""
+    if value not in (0, 1) or isinstance(value, bool):
+        raise CheckpointError(f"config.json: logit_shift {value!r} must be 0 or 1")
+    return int(value)
 
 
 class LLaDABlock(nn.Module):

@@ -2,10 +2,14 @@
 
 Tasks differ in how strongly the answer tokens depend on each other, which is what decides how
 many tokens a diffusion model can commit per forward without losing accuracy:
-- copy, reverse: each answer token depends on one prompt token (low dependency);
+- copy, reverse: each answer token depends on one prompt token (low dependency). The 3-8 items
+  are distinct (drawn without replacement from 10 digits and 20 words), so every answer token is
+  fixed by one prompt token that can be found by content;
 - sort: each position depends on the whole multiset;
-- add / sub: 3-digit operands, the result written least-significant digit first and zero-padded
-  to 4 digits, so that carries chain neighbouring answer positions;
+- add / sub: 3-digit operands and the 4-digit result all written least-significant digit first
+  and zero-padded, so each result digit sits at a fixed distance from the two operand digits it
+  combines (a model with relative positions needs no counting); carries chain neighbouring
+  answer positions;
 - pairs: the seeds' "full house / high card" example: the answer is one of two equally likely
   two-word phrases that share no word; a mixture such as "high house" is invalid;
 - json: render a small record as JSON tokens (structured output);
@@ -44,13 +48,17 @@ def _digits(n: int, width: int | None = None) -> list[str]:
     return list(s)
 
 
+def _items(rng: random.Random) -> list[str]:
+    return rng.sample(DIGITS + WORDS, rng.randint(3, 8))
+
+
 def copy_task(rng: random.Random) -> Example:
-    items = [rng.choice(DIGITS + WORDS) for _ in range(rng.randint(3, 8))]
+    items = _items(rng)
     return Example("copy", "copy : " + " ".join(items), " ".join(items))
 
 
 def reverse_task(rng: random.Random) -> Example:
-    items = [rng.choice(DIGITS + WORDS) for _ in range(rng.randint(3, 8))]
+    items = _items(rng)
     return Example("reverse", "reverse : " + " ".join(items), " ".join(reversed(items)))
 
 
@@ -66,8 +74,13 @@ def arith_task(rng: random.Random) -> Example:
     else:
         a, b = max(a, b), min(a, b)
         op, r = "-", a - b
-    prompt = " ".join(["add" if op == "+" else "sub", *_digits(a, 3), op, *_digits(b, 3), "="])
-    return Example("arith", prompt, " ".join(reversed(_digits(r, 4))))
+    prompt = " ".join(["add" if op == "+" else "sub", *_lsb(a, 3), op, *_lsb(b, 3), "="])
+    return Example("arith", prompt, " ".join(_lsb(r, 4)))
+
+
+def _lsb(n: int, width: int) -> list[str]:
+    """Digits of n, least significant first, zero-padded to `width`."""
+    return list(reversed(_digits(n, width)))
 
 
 def pairs_task(rng: random.Random) -> Example:

@@ -76,20 +76,47 @@ class Batch:
 
 
 def make_batch(examples: list[Example], tok: Tokenizer, gen_length: int) -> Batch:
-    eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    prompts = [tok.encode(ex.prompt).ids for ex in examples]
-    answers = [tok.encode(ex.answer, add_special_tokens=False).ids for ex in examples]
-    P = max(map(len, prompts))
-    B = len(examples)
-    ids = torch.full((B, P + gen_length), eos, dtype=torch.long)
-    pads = torch.tensor([P - len(p) for p in prompts])
-    for r, (p, a) in enumerate(zip(prompts, answers)):
+    return _batch(_encode(examples, tok, gen_length), tok, gen_length)
+
+
+def make_batches(examples: list[Example], tok: Tokenizer, gen_length: int) -> list[Batch]:
+    """The examples as at most two batches of similar prompt length (a word problem's prompt is
+    three times a copy prompt's): the split that pads the fewest positions. Padding is masked out
+    of attention and loss, so the two batches give the same gradient as one, for less compute."""
+    enc = sorted(_encode(examples, tok, gen_length), key=lambda e: len(e[0]))
+    lens = [len(p) for p, _ in enc]
+    B = len(enc)
+    best, cut = B * lens[-1], B
+    for k in range(1, B):
+        cost = k * lens[k - 1] + (B - k) * lens[-1]
+        if cost < best:
+            best, cut = cost, k
+    groups = [enc[:cut], enc[cut:]] if cut < B else [enc]
+    return [_batch(g, tok, gen_length) for g in groups]
+
+
+def _encode(examples: list[Example], tok: Tokenizer, gen_length: int) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for ex in examples:
+        p = tok.encode(ex.prompt).ids
+        a = tok.encode(ex.answer, add_special_tokens=False).ids
         if len(a) >= gen_length:
-            raise ValueError(f"answer of {len(a)} tokens does not fit gen_length {gen_length}: {examples[r].answer!r}")
+            raise ValueError(f"answer of {len(a)} tokens does not fit gen_length {gen_length}: {ex.answer!r}")
+        out.append((p, a))
+    return out
+
+
+def _batch(enc: list[tuple[list[int], list[int]]], tok: Tokenizer, gen_length: int) -> Batch:
+    eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
+    P = max(len(p) for p, _ in enc)
+    B = len(enc)
+    ids = torch.full((B, P + gen_length), eos, dtype=torch.long)
+    pads = torch.tensor([P - len(p) for p, _ in enc])
+    for r, (p, a) in enumerate(enc):
         ids[r, : P - len(p)] = pad
         ids[r, P - len(p) : P] = torch.tensor(p)
         ids[r, P : P + len(a)] = torch.tensor(a)
     cols = torch.arange(P + gen_length)[None, :]
     positions = (cols - pads[:, None]).clamp(min=0)
     key_mask = cols >= pads[:, None] if bool((pads > 0).any()) else None
-    return Batch(ids, positions, key_mask, P, torch.tensor([len(a) for a in answers]))
+    return Batch(ids, positions, key_mask, P, torch.tensor([len(a) for _, a in enc]))

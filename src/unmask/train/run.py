@@ -11,8 +11,8 @@ import torch
 from unmask.errors import UnmaskError
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
-from unmask.train.data import TaskSampler, build_tokenizer, make_batch
-from unmask.train.trainer import TrainConfig, ar_loss, arch_for, diffusion_loss, lr_at, save_model, token_ids
+from unmask.train.data import TaskSampler, build_tokenizer, make_batches
+from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token_ids, train_step
 
 STATE = "trainer_state.pt"
 
@@ -93,14 +93,13 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
     while step < cfg.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        batch = make_batch([sampler.next() for _ in range(cfg.batch)], tok, cfg.gen_length)
-        loss = diffusion_loss(model, batch, mask_id, cfg.eps, gen) if cfg.kind == "diffusion" else ar_loss(model, batch)
+        batches = make_batches([sampler.next() for _ in range(cfg.batch)], tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = train_step(model, batches, cfg, mask_id, gen)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
-        smooth = loss.item() if smooth is None else 0.98 * smooth + 0.02 * loss.item()
+        smooth = loss if smooth is None else 0.98 * smooth + 0.02 * loss
         record = {"step": step, "loss": round(smooth, 5), "seconds": round(elapsed + time.time() - t0, 1)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
             record["held_out_exact"] = _eval(model, tok, cfg)

@@ -48,6 +48,9 @@ class TrainConfig:
     eval_every: int = 250
     eval_n: int = 32
     init_from: str | None = None  # a run or model folder to start from (weights only)
+    # diffusion only: 1 = logits at position j score token j + 1 (the AR alignment, as Dream kept
+    # when it was adapted from Qwen); 0 = LLaDA's own alignment
+    logit_shift: int = 0
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
@@ -60,6 +63,8 @@ class TrainConfig:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
+        if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind != "diffusion"):
+            raise UnmaskError(f"logit_shift {self.logit_shift!r} must be 0 or 1, and 1 only for a diffusion model")
         if not self.lr > 0:
             raise UnmaskError(f"lr {self.lr} must be > 0")
         return self
@@ -67,7 +72,7 @@ class TrainConfig:
 
 def arch_for(cfg: TrainConfig, vocab_size: int) -> ArchConfig:
     return ArchConfig("llada", vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.heads, cfg.mlp,
-                      10000.0, 1e-5, 512, causal=cfg.kind == "ar")
+                      10000.0, 1e-5, 512, causal=cfg.kind == "ar", logit_shift=cfg.logit_shift)
 
 
 def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
@@ -87,6 +92,8 @@ def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
     }
     if arch.causal:
         cfg["causal"] = True  # unmask extension: the autoregressive twin
+    if arch.logit_shift:
+        cfg["logit_shift"] = arch.logit_shift  # unmask extension: AR alignment kept (Dream-style)
     return cfg
 
 
@@ -115,28 +122,67 @@ def save_model(model: LLaDAModel, tok, folder: Path, gen_defaults: dict, meta: d
     tmp.rename(folder)
 
 
-def diffusion_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) -> torch.Tensor:
-    B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
-    # stratified t over the batch: evenly spread noise levels (lower-variance gradients)
+def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
+    """t ~ U(eps, 1) per row, stratified over the batch (evenly spread noise levels: lower-variance
+    gradients), in random row order."""
     u = (torch.arange(B) + torch.rand(B, generator=gen)) / B
-    t = eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
+    return eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
+
+
+def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Sum over rows of the LLaDA SFT loss: cross-entropy on masked answer positions weighted by 1/t
+    (divide by rows x canvas length for the mean)."""
+    B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
     masked = torch.rand(B, G, generator=gen) < t[:, None]
     ids = b.ids.clone()
     ids[:, b.prompt_len :][masked] = mask_id
-    logits = model(ids, b.positions, key_mask=b.key_mask, logits_slice=slice(b.prompt_len, None))
+    shift = model.config.logit_shift  # logits at j score token j + shift
+    logits = model(ids, b.positions, key_mask=b.key_mask, logits_slice=slice(b.prompt_len - shift, ids.shape[1] - shift))
     target = b.ids[:, b.prompt_len :]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(B, G)
-    return ((ce * masked) / t[:, None]).sum() / (B * G)
+    return ((ce * masked) / t[:, None]).sum()
 
 
 def ar_loss(model, b: Batch) -> torch.Tensor:
+    """Sum of next-token cross-entropy over the answer and its end-of-text token (divide by
+    `ar_targets(b)` for the mean)."""
     P = b.prompt_len
     logits = model(b.ids, b.positions, key_mask=b.key_mask, logits_slice=slice(P - 1, -1))
     target = b.ids[:, P:]
     G = target.shape[1]
-    keep = torch.arange(G)[None, :] <= b.answer_len[:, None]  # the answer and its end-of-text token
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(-1, G)
-    return (ce * keep).sum() / keep.sum()
+    return (ce * _ar_keep(b)).sum()
+
+
+def _ar_keep(b: Batch) -> torch.Tensor:
+    G = b.ids.shape[1] - b.prompt_len
+    return torch.arange(G)[None, :] <= b.answer_len[:, None]  # the answer and its end-of-text token
+
+
+def ar_targets(b: Batch) -> int:
+    return int(_ar_keep(b).sum())
+
+
+def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator) -> float:
+    """Forward and backward over a batch split into length groups; gradients accumulate to exactly
+    those of the whole batch's mean loss. Returns that loss."""
+    if cfg.kind == "diffusion":
+        rows = sum(b.ids.shape[0] for b in batches)
+        t = noise_levels(rows, cfg.eps, gen)
+        denom = rows * cfg.gen_length
+    else:
+        denom = sum(ar_targets(b) for b in batches)
+    total, r = 0.0, 0
+    for b in batches:
+        n = b.ids.shape[0]
+        if cfg.kind == "diffusion":
+            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen) / denom
+        else:
+            loss = ar_loss(model, b) / denom
+        loss.backward()
+        total += float(loss)
+        r += n
+    return total
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
