@@ -41,7 +41,29 @@ def test_quick_bench_writes_json_and_png(tmp_path, tiny_models, capsys):
     dual = next(r for r in run["results"] if r["config"]["cache"] == "dual" and r["config"]["batch"] == 1)
     assert dual["G"] < base["G"]  # dual cache recomputes fewer positions per forward
     assert run["context"]["timer_includes"] and run["context"]["torch"]
-    assert "configuration" in capsys.readouterr().out
+    assert {h["role"] for h in run["headline"]} >= {"baseline", "unmask best", "AR twin"}
+    out = capsys.readouterr().out
+    assert "configuration" in out and "unmask best" in out
+
+
+def _row(policy, batch, acc, tps, cache="none"):
+    return {"config": {"policy": policy, "batch": batch, "cache": cache}, "label": f"{policy} {cache} b{batch}",
+            "accuracy": acc, "nfe_per_request": 1.0, "tokens_per_s": tps}
+
+
+def test_headline_picks_fastest_within_one_point_of_the_baseline():
+    from unmask.bench.report import headline
+
+    run = {"results": [
+        _row("fixed", 1, 0.50, 10), _row("threshold", 1, 0.495, 50, "dual"), _row("threshold", 1, 0.48, 90),
+        _row("entropy", 1, 0.51, 70), _row("budget", 1, 0.30, 500), _row("ar", 1, 0.6, 40),
+        _row("fixed", 8, 0.50, 30), _row("factor", 8, 0.42, 300)]}
+    picks = {(h["batch"], h["role"]): h for h in headline(run)}
+    assert picks[1, "baseline"]["label"] == "fixed none b1"
+    assert picks[1, "Fast-dLLM best"]["label"] == "threshold dual b1"  # 0.48 is 2 points below
+    assert picks[1, "unmask best"]["label"] == "entropy none b1" and picks[1, "unmask best"]["speedup_vs_baseline"] == 7
+    assert picks[1, "AR twin"]["accuracy"] == 0.6
+    assert (8, "Fast-dLLM best") not in picks and picks[8, "unmask best"]["label"] == "fixed none b8"
 
 
 def test_bench_rejects_bad_grid(capsys):

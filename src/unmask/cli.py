@@ -370,7 +370,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     n = pick("n")
     if n < 1:
         raise UnmaskError(f"--n {n} must be a positive integer")
-    from unmask.bench.report import format_table, plot_pareto
+    from unmask.bench.report import format_headline, format_table, headline, plot_pareto
     from unmask.bench.runner import run_grid
     from unmask.llm import LLM
 
@@ -393,9 +393,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    run["headline"] = headline(run)
     (out / f"bench-{stamp}.json").write_text(json.dumps(run, indent=2))
     plot_pareto(run, str(out / f"bench-{stamp}.png"))
     print(format_table(run))
+    print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
     print(f"wrote {out / f'bench-{stamp}.json'} and .png", file=sys.stderr)
     return 0
 

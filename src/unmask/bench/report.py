@@ -21,6 +21,44 @@ def format_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+FAST_DLLM = ("threshold", "factor")  # Fast-dLLM's commit rules (with or without its caches)
+
+
+def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
+    """The rows the README reports, per batch size: the baseline (the batch's first diffusion
+    configuration), Fast-dLLM's best setting and unmask's best setting (the highest tokens/s among
+    configurations whose accuracy is within `tolerance` of the baseline's; Fast-dLLM's among its
+    threshold/factor rules), and the AR twin."""
+    out = []
+    for batch in sorted({r["config"]["batch"] for r in run["results"]}):
+        rows = [r for r in run["results"] if r["config"]["batch"] == batch]
+        diffusion = [r for r in rows if r["config"]["policy"] != "ar"]
+        if not diffusion:
+            continue
+        base = diffusion[0]
+        close = [r for r in diffusion if r["accuracy"] >= base["accuracy"] - tolerance - 1e-12]
+        fast = [r for r in close if r["config"]["policy"] in FAST_DLLM]
+        picks = [("baseline", base)]
+        if fast:
+            picks.append(("Fast-dLLM best", max(fast, key=lambda r: r["tokens_per_s"])))
+        picks.append(("unmask best", max(close, key=lambda r: r["tokens_per_s"])))
+        picks += [("AR twin", r) for r in rows if r["config"]["policy"] == "ar"]
+        for role, r in picks:
+            out.append({"batch": batch, "role": role, "label": r["label"], "accuracy": r["accuracy"],
+                        "nfe_per_request": r["nfe_per_request"], "tokens_per_s": r["tokens_per_s"],
+                        "speedup_vs_baseline": r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None})
+    return out
+
+
+def format_headline(rows: list[dict]) -> str:
+    lines = [f"{'batch':>5} {'role':15} {'configuration':34} {'acc':>6} {'NFE':>6} {'tok/s':>8} {'x base':>7}"]
+    for h in rows:
+        sp = f"{h['speedup_vs_baseline']:.1f}x" if h["speedup_vs_baseline"] else "-"
+        lines.append(f"{h['batch']:>5} {h['role']:15} {h['label']:34} {100 * h['accuracy']:5.1f}% "
+                     f"{h['nfe_per_request']:6.1f} {h['tokens_per_s']:8.1f} {sp:>7}")
+    return "\n".join(lines)
+
+
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Points not dominated in (speed up, accuracy up), sorted by speed."""
     front = []
