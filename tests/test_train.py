@@ -20,7 +20,7 @@ TINY = dict(layers=2, d_model=64, heads=4, mlp=128, gen_length=10, batch=32, lr=
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("copy_run")
-    cfg = TrainConfig(steps=400, eval_every=400, tasks={"copy": 1.0}, **TINY)
+    cfg = TrainConfig(steps=1500, eval_every=1500, tasks={"copy": 1.0}, **TINY)  # about a minute
     summary = train(cfg, out, progress=False)
     return out, summary
 
@@ -32,8 +32,9 @@ def test_short_run_learns_copy(copy_run):
     assert losses[-1] < 0.6 * losses[0]
     llm = LLM(out / "model")  # the normal loader: released LLaDA layout
     res = evaluate(llm, ["copy"], 64, GenerationParams(gen_length=10, block_length=10))[0]
-    # chance is about 1/30 per token; a learning pipeline is far above it
-    assert res.token_accuracy > 0.3, res
+    # chance is about 1/30 per item; a model that only places the end of text scores about 15 %
+    # token accuracy and 0 exact; a learning pipeline is far above both
+    assert res.token_accuracy > 0.5 and res.exact > 0.1, res
 
 
 def test_checkpoint_is_a_llada_folder(copy_run):

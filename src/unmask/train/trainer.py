@@ -180,7 +180,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         else:
             loss = ar_loss(model, b) / denom
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
         r += n
     return total
 
