@@ -105,7 +105,8 @@ def test_diffusion_bound_with_one_token_is_the_exact_conditional():
     value, greedy = harness.likelihood(llm, prompt, target, mc_num=4)
     ids = torch.tensor([prompt + [llm.token_ids.mask]])
     shift = llm.arch.logit_shift
-    logits = llm.model(ids, torch.arange(ids.shape[1])[None])[0, len(prompt) - shift]
+    with torch.no_grad():
+        logits = llm.model(ids, torch.arange(ids.shape[1])[None])[0, len(prompt) - shift]
     assert value == pytest.approx(float(torch.log_softmax(logits.float(), -1)[target[0]]), abs=1e-4)
     assert greedy is False
 

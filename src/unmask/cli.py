@@ -7,7 +7,8 @@ import sys
 import time
 
 from unmask.errors import UnmaskError
-from unmask.params import CACHE_NAMES, COMPAT_NAMES, CONFIDENCE_NAMES, DREAM_ALGS, POLICY_NAMES, REMASKING, GenerationParams
+from unmask.params import (CACHE_NAMES, COMPAT_NAMES, CONFIDENCE_NAMES, DREAM_ALGS, POLICY_NAMES, REMASKING, SHAPE,
+                           GenerationParams, canvas_shape)
 
 _D = GenerationParams()
 
@@ -46,15 +47,7 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 def params_from_args(a: argparse.Namespace, defaults: dict | None = None) -> GenerationParams:
     """Flags the user gave win; then the model's generation defaults; then GenerationParams'."""
-    d = defaults or {}
-    given = {k: getattr(a, k) for k in ("gen_length", "block_length", "steps") if getattr(a, k) is not None}
-    if "gen_length" in given and "steps" not in given:
-        d = {k: v for k, v in d.items() if k != "steps"}  # a new canvas length: one token per step
-    if "gen_length" in given and "block_length" not in given:
-        block = d.get("block_length", _D.block_length)
-        if given["gen_length"] % block:  # the default block does not tile this canvas: one block
-            d = {**d, "block_length": given["gen_length"]}
-    shape = {**{k: v for k, v in d.items() if k in ("gen_length", "block_length", "steps")}, **given}
+    shape = canvas_shape(defaults or {}, {k: getattr(a, k) for k in SHAPE})
     return GenerationParams(
         gen_length=shape.get("gen_length", _D.gen_length),
         block_length=shape.get("block_length", _D.block_length),
@@ -251,15 +244,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     tasks = parse_tasks(a.tasks)
-    if a.n < 1:
-        raise UnmaskError(f"--n {a.n} must be a positive integer")
-    params_from_args(a)
     from unmask.evaluate import evaluate, format_table
-    from unmask.llm import LLM, default_device
     from unmask.tasks import TASKS
 
-    llm = LLM(a.model, dtype=a.dtype, device=a.device or default_device())
-    params = params_from_args(a, llm.generation_defaults)
+    llm, params = _load_for_eval(a)
     results = evaluate(llm, tuple(tasks) if tasks else TASKS, a.n, params, batch_size=a.batch_size,
                        keep_samples=a.samples)
     if a.json:

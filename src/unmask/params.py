@@ -13,6 +13,23 @@ COMPAT_NAMES = ("fast-dllm", "llada", "dream")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
+SHAPE = ("gen_length", "block_length", "steps")
+
+
+def canvas_shape(defaults: dict, given: dict) -> dict:
+    """gen_length / block_length / steps: what the user gave wins, then the model's generation
+    defaults. A new gen_length alone means one token per step, and a single block when the
+    default block does not tile it. Keys left out take GenerationParams' defaults."""
+    d = {k: v for k, v in defaults.items() if k in SHAPE}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "gen_length" in given and "steps" not in given:
+        d.pop("steps", None)
+    if "gen_length" in given and "block_length" not in given:
+        if given["gen_length"] % d.get("block_length", GenerationParams.block_length):
+            d["block_length"] = given["gen_length"]
+    return {**d, **given}
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     gen_length: int = 128

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from unmask.bench.common import cut_at_stop, generate_batched
+
 DATA = Path(__file__).parent / "data"
 UNTIL = ("Question:", "</s>", "<|im_end|>")
 STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -44,8 +46,7 @@ def build_prompt(question: str, shots: list[Problem]) -> str:
 
 def truncate(completion: str) -> str:
     """Cut at the first stop string, as lm-eval does after generating a fixed length."""
-    cut = min((completion.find(u) for u in UNTIL if u in completion), default=len(completion))
-    return completion[:cut]
+    return cut_at_stop(completion, UNTIL)
 
 
 def strict_extract(text: str) -> str:
@@ -103,18 +104,11 @@ def run(llm, params, n: int | None = None, shots: int = 5, batch_size: int = 8,
     if n is not None and n < 1:
         raise UnmaskError(f"n {n} must be a positive integer")
     problems = load("test", path)[:n]
-    samples, nfe, tokens, seconds = [], 0, 0, 0.0
-    for i in range(0, len(problems), batch_size):
-        chunk = problems[i : i + batch_size]
-        out = llm.generate([build_prompt(p.question, pool[:shots]) for p in chunk], params, chat=False)
-        seconds += out.seconds
-        for p, r in zip(chunk, out.results):
-            s = score(r.text, p)
-            nfe += r.nfe
-            tokens += len(r.token_ids)
-            samples.append({"question": p.question, "gold": gold(p), "completion": truncate(r.text), **s})
+    gen = generate_batched(llm, [build_prompt(p.question, pool[:shots]) for p in problems], params, batch_size)
+    samples = [{"question": p.question, "gold": gold(p), "completion": truncate(r.text), **score(r.text, p)}
+               for p, r in zip(problems, gen.results)]
     k = len(samples)
     ks = sum(s["strict"] for s in samples)
     kf = sum(s["flexible"] for s in samples)
-    return GSM8KResult(k, ks / k, kf / k, wilson_interval(ks, k), wilson_interval(kf, k), nfe / k,
-                       tokens / seconds if seconds else 0.0, seconds, samples)
+    return GSM8KResult(k, ks / k, kf / k, wilson_interval(ks, k), wilson_interval(kf, k), gen.nfe,
+                       gen.tokens_per_s, gen.seconds, samples)

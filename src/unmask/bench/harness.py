@@ -40,8 +40,9 @@ except ImportError as e:  # pragma: no cover - exercised only without lm-eval
     raise UnmaskError("the lm-eval adapter needs lm-eval: pip install 'unmask[lmeval]'") from e
 
 from unmask.bench import gsm8k
+from unmask.bench.common import cut_at_stop
 from unmask.llm import LLM, default_device
-from unmask.params import GenerationParams
+from unmask.params import SHAPE, GenerationParams, canvas_shape
 
 log = logging.getLogger(__name__)
 _FIELDS = {f.name: f for f in dataclasses.fields(GenerationParams)}
@@ -83,13 +84,9 @@ class UnmaskLM(LM):
             log.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"
         self.llm = LLM(model, dtype=dtype, device=device or default_device())
-        defaults = self.llm.generation_defaults
-        values = {**defaults, **{k: _convert(k, v) for k, v in decoding.items()}}
-        if "gen_length" in decoding and "steps" not in decoding:
-            values.pop("steps", None)
-        if "gen_length" in decoding and "block_length" not in decoding and values["gen_length"] % values.get("block_length", 32):
-            values["block_length"] = values["gen_length"]
-        self.params = GenerationParams(**values).check()
+        values = {k: _convert(k, v) for k, v in decoding.items()}
+        shape = canvas_shape(self.llm.generation_defaults, {k: values.pop(k) for k in SHAPE if k in values})
+        self.params = GenerationParams(**shape, **values).check()
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
         self.chat = str(chat).lower() == "true"
         self.mc_num = int(mc_num)
@@ -112,7 +109,7 @@ class UnmaskLM(LM):
             ids = [self._encode_context(ctx) for ctx, _ in chunk]
             res = self.llm.generate(ids, params)
             for (_, kw), r in zip(chunk, res.results):
-                out.append(_cut(r.text, (kw or {}).get("until") or ()))
+                out.append(cut_at_stop(r.text, (kw or {}).get("until") or ()))
         return out
 
     def _encode_context(self, context: str, room: int | None = None) -> list[int]:
@@ -151,7 +148,6 @@ class UnmaskLM(LM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         return [self._loglikelihood("", r.args[0])[0] for r in requests]
 
-    @torch.no_grad()
     def _loglikelihood(self, context: str, continuation: str) -> tuple[float, bool]:
         tok = self.llm.tokenizer
         target = tok.encode(continuation, add_special_tokens=False)
@@ -163,6 +159,7 @@ class UnmaskLM(LM):
         return likelihood(self.llm, prompt, target, self.mc_num, self.seed)
 
 
+@torch.no_grad()
 def likelihood(llm: LLM, prompt: list[int], target: list[int], mc_num: int = 32, seed: int = 1234) -> tuple[float, bool]:
     """log p(target | prompt): exact for a causal model (and whether greedy decoding gives the
     target); for a diffusion model, LLaDA's Monte-Carlo lower bound (is_greedy False)."""
@@ -191,13 +188,6 @@ def likelihood(llm: LLM, prompt: list[int], target: list[int], mc_num: int = 32,
                          reduction="none").view(mc_num, L)
     weight = (L / k.to(device).float())[:, None]
     return float(-((ce * masked) * weight).sum() / mc_num), False
-
-
-def _cut(text: str, until) -> str:
-    if isinstance(until, str):
-        until = [until]
-    cut = min((text.find(u) for u in until if u and u in text), default=len(text))
-    return text[:cut]
 
 
 GSM8K_YAML = """task: gsm8k_unmask

@@ -5,6 +5,7 @@ with one greedy sample per problem."""
 
 from dataclasses import dataclass
 
+from unmask.bench.common import cut_at_stop, generate_batched
 from unmask.errors import UnmaskError
 
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -19,8 +20,7 @@ def problems() -> list[dict]:
 
 
 def truncate(completion: str) -> str:
-    cut = min((completion.find(s) for s in STOP if s in completion), default=len(completion))
-    return completion[:cut]
+    return cut_at_stop(completion, STOP)
 
 
 def check(problem: dict, completion: str, timeout: float = 3.0) -> dict:
@@ -41,18 +41,13 @@ class HumanEvalResult:
 
 def run(llm, params, n: int | None = None, timeout: float = 3.0, batch_size: int = 8) -> HumanEvalResult:
     probs = problems()[:n]
-    results, nfe, tokens, seconds = [], 0, 0, 0.0
-    for i in range(0, len(probs), batch_size):
-        chunk = probs[i : i + batch_size]
-        out = llm.generate([p["prompt"] for p in chunk], params, chat=False)
-        seconds += out.seconds
-        for p, r in zip(chunk, out.results):
-            nfe += r.nfe
-            tokens += len(r.token_ids)
-            completion = truncate(r.text)
-            res = check(p, completion, timeout)
-            results.append({"task_id": p["task_id"], "passed": res["passed"], "result": res["result"],
-                            "completion": completion})
+    gen = generate_batched(llm, [p["prompt"] for p in probs], params, batch_size)
+    results = []
+    for p, r in zip(probs, gen.results):
+        completion = truncate(r.text)
+        res = check(p, completion, timeout)
+        results.append({"task_id": p["task_id"], "passed": res["passed"], "result": res["result"],
+                        "completion": completion})
     k = max(len(results), 1)
-    return HumanEvalResult(len(results), sum(r["passed"] for r in results) / k, results, nfe / k,
-                           tokens / seconds if seconds else 0.0, seconds)
+    return HumanEvalResult(len(results), sum(r["passed"] for r in results) / k, results, gen.nfe,
+                           gen.tokens_per_s, gen.seconds)

@@ -172,7 +172,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         denom = rows * cfg.gen_length
     else:
         denom = sum(ar_targets(b) for b in batches)
-    total, r = 0.0, 0
+    total, r = torch.zeros(()), 0
     for b in batches:
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
@@ -180,9 +180,9 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         else:
             loss = ar_loss(model, b) / denom
         loss.backward()
-        total += float(loss.detach())
+        total += loss.detach()
         r += n
-    return total
+    return float(total)  # one host sync per optimizer step
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
