@@ -23,6 +23,21 @@ KEEP = ("config.json", "generation_config.json", "model.safetensors", "tokenizer
         "special_tokens_map.json", "training.json")
 
 
+def lineage(run: Path) -> list[dict]:
+    """The phases this model was trained in, earliest first, followed through `init_from`:
+    each phase's configuration, steps, wall time and last held-out check."""
+    phases = []
+    while run is not None:
+        meta = json.loads((run / "model" / "training.json").read_text())
+        evals = [h for h in meta["history"] if "held_out_exact" in h]
+        phases.append({"run": run.name, "config": meta["config"], "step": meta["step"],
+                       "elapsed_seconds": round(meta["elapsed_seconds"], 1),
+                       "last_check": evals[-1] if evals else None})
+        parent = meta["config"].get("init_from")
+        run = (ROOT / parent) if parent else None
+    return phases[::-1]
+
+
 def ship(run: Path, name: str, n: int) -> None:
     dst = ASSETS / name
     if dst.exists():
@@ -30,6 +45,9 @@ def ship(run: Path, name: str, n: int) -> None:
     dst.mkdir(parents=True)
     for f in KEEP:
         shutil.copy(run / "model" / f, dst / f)
+    meta = json.loads((dst / "training.json").read_text())
+    meta["lineage"] = lineage(run)
+    (dst / "training.json").write_text(json.dumps(meta, indent=2))
     llm = LLM(dst)
     g = llm.generation_defaults["gen_length"]
     params = GenerationParams(gen_length=g, block_length=g, steps=g)
@@ -45,8 +63,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--runs", default=str(ROOT / "runs"))
+    ap.add_argument("--diffusion", default="reverse", help="the run of the last diffusion phase")
     a = ap.parse_args()
-    ship(Path(a.runs) / "default", "default", a.n)
+    ship(Path(a.runs) / a.diffusion, "default", a.n)
     ship(Path(a.runs) / "ar", "default-ar", a.n)
 
 

@@ -31,15 +31,18 @@ def sample_accuracy() -> dict[str, float]:
     return {r.task: r.exact for r in results}
 
 
-@pytest.mark.parametrize("task", [
-    t if _DIFFUSION[t]["exact"] >= b else
-    pytest.param(t, marks=pytest.mark.xfail(reason=f"recorded {_DIFFUSION[t]['exact']:.3f} < bar {b}"))
-    for t, b in BAR.items()
-])
+def test_recorded_accuracy_meets_the_bar():
+    """eval.json, written by scripts/ship_default.py, holds the 200-example held-out accuracy."""
+    recorded = json.loads((EMBEDDED["default"] / "eval.json").read_text())
+    assert recorded["n"] >= 200
+    missed = {t: _DIFFUSION[t]["exact"] for t, b in BAR.items() if _DIFFUSION[t]["exact"] < b}
+    assert not missed, f"below the bar: {missed}"
+
+
+@pytest.mark.parametrize("task", list(BAR))
 def test_embedded_model_meets_its_bar_on_a_sample(task, sample_accuracy):
-    """Tasks whose recorded 200-example accuracy is below the bar are expected failures, shown as
-    such in every test run. On 100 examples a margin of 5 points (about two standard errors at
-    90 %) separates sampling noise from a miss."""
+    """On 100 examples a margin of 5 points (about two standard errors at 90 %) separates
+    sampling noise from a miss."""
     assert sample_accuracy[task] >= BAR[task] - 0.05
 
 
