@@ -10,6 +10,7 @@ from reference import RefModel
 from unmask import LLM, GenerationParams
 from unmask.cli import main
 from unmask.engine.ar import decode_ar
+from unmask.errors import UnmaskError
 from unmask.evaluate import evaluate
 from unmask.train.run import train
 from unmask.train.trainer import TrainConfig
@@ -49,14 +50,22 @@ def test_checkpoint_is_a_llada_folder(copy_run):
 
 
 def test_resume_equals_uninterrupted(tmp_path):
-    cfg = dict(tasks={"copy": 1.0, "sort": 1.0}, eval_every=1000, **{**TINY, "batch": 8})
-    train(TrainConfig(steps=6, **cfg), tmp_path / "a", progress=False)
-    train(TrainConfig(steps=3, **cfg), tmp_path / "b", progress=False)
-    train(TrainConfig(steps=6, **cfg), tmp_path / "b", resume=True, progress=False)
-    a = torch.load(tmp_path / "a" / "trainer_state.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "b" / "trainer_state.pt", weights_only=False)["model"]
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    # warmup 2 of 8 steps: the cosine schedule is live, so a part that forgot `steps` would differ
+    cfg = dict(tasks={"copy": 1.0, "sort": 1.0}, eval_every=1000, **{**TINY, "batch": 8, "warmup": 2})
+    train(TrainConfig(steps=8, **cfg), tmp_path / "a", progress=False)
+    train(TrainConfig(steps=8, **cfg), tmp_path / "b", progress=False, until=3)
+    part = torch.load(tmp_path / "b" / "trainer_state.pt", weights_only=False)
+    assert part["step"] == 3
+    assert not json.loads((tmp_path / "b" / "model" / "training.json").read_text())["final"]
+    train(TrainConfig(steps=8, **cfg), tmp_path / "b", resume=True, progress=False, until=5)
+    train(TrainConfig(steps=8, **cfg), tmp_path / "b", resume=True, progress=False)
+    a = torch.load(tmp_path / "a" / "trainer_state.pt", weights_only=False)
+    b = torch.load(tmp_path / "b" / "trainer_state.pt", weights_only=False)
+    assert a["step"] == b["step"] == 8 and a["smooth"] == b["smooth"]
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=0)
+    with pytest.raises(UnmaskError, match="until 0"):
+        train(TrainConfig(steps=8, **cfg), tmp_path / "c", progress=False, until=0)
 
 
 def test_refuses_to_overwrite_a_run(tmp_path, capsys):

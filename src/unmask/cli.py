@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the embedded model (masked diffusion) or its AR twin")
     t.add_argument("--out", required=True, help="run folder (trainer state + model/ checkpoint)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--until", type=int, default=None,
+                   help="stop after this step with a checkpoint (continue later with --resume)")
     t.add_argument("--kind", default="diffusion", help="diffusion or ar")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
     t.add_argument("--tasks", default=None, help="comma-separated task mixture, task or task=weight")
@@ -326,7 +328,7 @@ def cmd_train(a: argparse.Namespace) -> int:
               "seed": a.seed, "eval_every": a.eval_every, "eval_n": a.eval_n, "init_from": a.init_from,
               "logit_shift": a.logit_shift, "tasks": parse_tasks(a.tasks)}
     cfg = TrainConfig(**{k: v for k, v in fields.items() if v is not None}).check()
-    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet)
+    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet, until=a.until)
     print(json.dumps(summary))
     return 0
 

@@ -41,10 +41,15 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     return {r.task: round(r.exact, 4) for r in res}
 
 
-def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True) -> dict:
+def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True,
+          until: int | None = None) -> dict:
     """Train into run folder `out`; returns the final summary. With `resume`, continue from
-    out/trainer_state.pt (the configuration stored there wins, except `steps`, which may grow)."""
+    out/trainer_state.pt (the configuration stored there wins, except `steps`, which may grow).
+    With `until`, stop after that step with a checkpoint (the learning-rate schedule still spans
+    `steps`): a run split into parts this way equals the uninterrupted run."""
     out = Path(out)
+    if until is not None and (not isinstance(until, int) or until < 1):
+        raise UnmaskError(f"until {until!r} must be a positive step number")
     state_path = out / STATE
     if resume:
         if not state_path.exists():
@@ -78,7 +83,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
         gen.set_state(saved["generator"])
         step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
     mask_id = tok.token_to_id("<|mdm_mask|>")
-    t0, last, smooth = time.time(), step, None
+    t0, last = time.time(), step
+    smooth = saved.get("smooth") if resume else None  # the logged loss is smoothed across parts too
 
     def checkpoint(final: bool = False) -> None:
         meta = {"config": asdict(cfg), "step": step, "elapsed_seconds": elapsed + time.time() - t0,
@@ -87,10 +93,11 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
         save_model(model, tok, out / "model", {"gen_length": g, "block_length": g, "steps": g}, meta)
         torch.save({"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "sampler": sampler.state(), "generator": gen.get_state(), "step": step,
-                    "history": history, "elapsed": elapsed + time.time() - t0}, out / (STATE + ".tmp"))
+                    "history": history, "elapsed": elapsed + time.time() - t0, "smooth": smooth}, out / (STATE + ".tmp"))
         (out / (STATE + ".tmp")).replace(state_path)
 
-    while step < cfg.steps:
+    stop = cfg.steps if until is None else min(until, cfg.steps)
+    while step < stop:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         batches = make_batches([sampler.next() for _ in range(cfg.batch)], tok, cfg.gen_length)
@@ -107,8 +114,11 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
             checkpoint(final=step == cfg.steps)
             if progress:
                 sys.stderr.write("\n" + json.dumps(record) + "\n")
-        elif step % 50 == 0:
-            history.append(record)
+        else:
+            if step % 50 == 0:
+                history.append(record)
+            if step == stop:
+                checkpoint()
         if progress:
             rate = (step - last) / max(time.time() - t0, 1e-9)
             _progress(step, cfg.steps, smooth, rate)
