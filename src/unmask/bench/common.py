@@ -21,12 +21,11 @@ class Batched:
 
 def generate_batched(llm, prompts: list[str], params, batch_size: int) -> Batched:
     """Plain-text prompts (no chat template) decoded `batch_size` at a time."""
-    results, nfe, tokens, seconds = [], 0, 0, 0.0
+    results, seconds = [], 0.0
     for i in range(0, len(prompts), batch_size):
         out = llm.generate(prompts[i : i + batch_size], params, chat=False)
         seconds += out.seconds
         results += out.results
-    nfe = sum(r.nfe for r in results)
     tokens = sum(len(r.token_ids) for r in results)
-    k = max(len(results), 1)
-    return Batched(results, nfe / k, tokens / seconds if seconds else 0.0, seconds)
+    nfe = sum(r.nfe for r in results) / max(len(results), 1)
+    return Batched(results, nfe, tokens / seconds if seconds else 0.0, seconds)
