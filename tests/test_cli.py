@@ -28,7 +28,7 @@ def run(capsys, *args):
         (["--gen-length", "512"], "exceeds the model's maximum of 512 positions"),
         (["--compat", "vllm"], "unknown compat 'vllm'"),
         (["--refresh-interval", "0"], "refresh_interval 0 must be a positive integer"),
-        (["--steps", "abc"], "invalid int value: 'abc'"),
+        (["--steps", "abc"], "--steps 'abc' is not an integer"),
     ],
 )
 def test_bad_input_is_one_line_with_status_2(capsys, llada_dir, args, needle):
@@ -71,7 +71,7 @@ def test_json_batch_from_prompt_ids(capsys, llada_dir):
 
 def test_text_output_and_summary(capsys, llada_dir):
     code, out, err = run(capsys, "generate", "--model", str(llada_dir), "w1 w2", "--gen-length", "16",
-                         "--block-length", "8", "--no-early-stop")
+                         "--block-length", "8", "--no-early-stop", "--steps", "16", "--cache", "none")
     assert code == 0 and out.strip()
     assert "nfe=16" in err and "tokens/forward=" in err
 

@@ -10,7 +10,8 @@ from unmask.sampler.policy import (
     FixedPolicy,
     ThresholdPolicy,
 )
-from unmask.sampler.schedule import DreamSchedule, EvenSchedule
+from unmask.compat import DreamSchedule
+from unmask.sampler.schedule import EvenSchedule
 
 
 def _batch(seed, B=6, W=12):

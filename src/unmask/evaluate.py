@@ -1,10 +1,61 @@
-"""Held-out evaluation on the task suite with any decoding settings."""
+"""Held-out evaluation on the task suite with any decoding settings. `run_task` is the one
+evaluation loop: `unmask eval`, training-time checks and `unmask bench` all run it."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from unmask.llm import LLM
+from unmask.llm import LLM, BatchOutput
 from unmask.params import GenerationParams
-from unmask.tasks import TASKS, score, held_out
+from unmask.tasks import TASKS, held_out, score
+
+
+@dataclass
+class TaskRun:
+    """Everything one task's held-out examples produced under one setting."""
+
+    task: str
+    flags: list[bool] = field(default_factory=list)  # exact match (validity) of each example, in order
+    token_accuracy: list[float] = field(default_factory=list)  # per example
+    outputs: list[BatchOutput] = field(default_factory=list)  # one per batch, with its step trace
+    samples: list[dict] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.flags)
+
+    @property
+    def seconds(self) -> float:
+        return sum(o.seconds for o in self.outputs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(o.tokens for o in self.outputs)
+
+    @property
+    def row_forwards(self) -> int:
+        """Forwards summed over examples (a batched forward counts for every row in it)."""
+        return sum(r.nfe for o in self.outputs for r in o.results)
+
+
+def run_task(llm: LLM, task: str, n: int, params: GenerationParams, batch_size: int, keep_samples: int = 0,
+             progress: Callable[[int], None] | None = None) -> TaskRun:
+    """Decode the first `n` held-out examples of `task`, `batch_size` at a time, and score them.
+    `progress(k)` is called after each batch of k examples."""
+    run = TaskRun(task)
+    examples = held_out(task, n)
+    for i in range(0, n, batch_size):
+        chunk = examples[i : i + batch_size]
+        out = llm.generate([ex.prompt for ex in chunk], params, chat=False)
+        run.outputs.append(out)
+        for ex, r in zip(chunk, out.results):
+            s = score(ex, r.text)
+            run.flags.append(s.exact)
+            run.token_accuracy.append(s.token_accuracy)
+            if len(run.samples) < keep_samples:
+                run.samples.append({"prompt": ex.prompt, "gold": ex.answer, "output": r.text, "exact": s.exact})
+        if progress:
+            progress(len(chunk))
+    return run
 
 
 @dataclass
@@ -19,6 +70,12 @@ class TaskResult:
     samples: list[dict] = field(default_factory=list)
     flags: list[bool] = field(default_factory=list)  # exact match of each example, in order
 
+    @classmethod
+    def from_run(cls, run: TaskRun) -> "TaskResult":
+        n = run.n
+        return cls(run.task, n, sum(run.flags) / n, sum(run.token_accuracy) / n, run.row_forwards / n,
+                   run.tokens / max(run.row_forwards, 1), run.seconds, run.samples, run.flags)
+
     def row(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k not in ("samples", "flags")}
 
@@ -30,28 +87,10 @@ def evaluate(
     params: GenerationParams | None = None,
     batch_size: int = 32,
     keep_samples: int = 0,
+    progress: Callable[[int], None] | None = None,
 ) -> list[TaskResult]:
     params = (params or GenerationParams()).check()
-    out = []
-    for task in tasks:
-        examples = held_out(task, n)
-        exact = acc = nfe = toks = secs = 0.0
-        samples, flags = [], []
-        for i in range(0, n, batch_size):
-            chunk = examples[i : i + batch_size]
-            res = llm.generate([ex.prompt for ex in chunk], params, chat=False)
-            secs += res.seconds
-            for ex, r in zip(chunk, res.results):
-                s = score(ex, r.text)
-                exact += s.exact
-                flags.append(s.exact)
-                acc += s.token_accuracy
-                nfe += r.nfe
-                toks += len(r.token_ids) + (r.finish_reason == "stop")
-                if len(samples) < keep_samples:
-                    samples.append({"prompt": ex.prompt, "gold": ex.answer, "output": r.text, "exact": s.exact})
-        out.append(TaskResult(task, n, exact / n, acc / n, nfe / n, toks / max(nfe, 1), secs, samples, flags))
-    return out
+    return [TaskResult.from_run(run_task(llm, t, n, params, batch_size, keep_samples, progress)) for t in tasks]
 
 
 def format_table(results: list[TaskResult]) -> str:

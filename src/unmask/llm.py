@@ -6,12 +6,13 @@ from pathlib import Path
 
 import torch
 
+from unmask.compat import get_mode
 from unmask.engine.ar import decode_ar
 from unmask.engine.loop import Decoded, StepRecord, decode
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.loader import load_model, read_json
-from unmask.params import GenerationParams
+from unmask.params import MODEL_DEFAULT_KEYS, GenerationParams, resolve_params
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
 
@@ -25,10 +26,14 @@ class GenerationResult:
     commits: list[int]  # tokens committed at each of those forwards
 
     @property
+    def num_tokens(self) -> int:
+        """Generated tokens up to and including end of text: the count behind every tokens/s and
+        tokens-per-forward figure (the end-of-text padding after it is never counted)."""
+        return len(self.token_ids) + (self.finish_reason == "stop")
+
+    @property
     def tokens_per_forward(self) -> float:
-        """Tokens up to and including end of text per forward (the padding after it is not counted)."""
-        n = len(self.token_ids) + (self.finish_reason == "stop")
-        return n / self.nfe if self.nfe else 0.0
+        return self.num_tokens / self.nfe if self.nfe else 0.0
 
 
 @dataclass
@@ -37,10 +42,20 @@ class BatchOutput:
     steps: list[StepRecord]
     seconds: float  # wall time of decode (every forward and the loop), tokenisation excluded
     cache: str
+    prompt_len: int  # columns before the generation region (the longest prompt)
 
     @property
     def nfe(self) -> int:
         return len(self.steps)
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens of all rows, each up to and including its end of text."""
+        return sum(r.num_tokens for r in self.results)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.nfe if self.nfe else 0.0
 
 
 class LLM:
@@ -66,9 +81,16 @@ class LLM:
 
     @property
     def generation_defaults(self) -> dict:
-        """gen_length / block_length / steps recommended by the checkpoint's generation_config.json."""
+        """What the checkpoint's generation_config.json recommends: the canvas shape (gen_length,
+        block_length, steps) and the diffusion decoding settings (policy, its knobs, cache);
+        sampling settings (temperature, top_p, ...) stay the caller's."""
         g = self.generation_config
-        return {k: g[k] for k in ("gen_length", "block_length", "steps") if isinstance(g.get(k), int)}
+        return {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
+
+    def default_params(self, **given) -> GenerationParams:
+        """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
+        defaults (threshold 0.9 with DualCache). What `generate` uses when given no parameters."""
+        return resolve_params(given, self.generation_defaults, fast=True)
 
     @property
     def arch(self):
@@ -92,8 +114,8 @@ class LLM:
         chat: bool | None = None,
     ) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
-        `chat` is not False) or lists of token ids."""
-        params = (params or GenerationParams()).check()
+        `chat` is not False) or lists of token ids. Without `params`: `default_params()`."""
+        params = params.check() if params is not None else self.default_params()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], str)):
             ids = self.encode(prompts, chat)
         else:
@@ -105,7 +127,7 @@ class LLM:
         else:
             decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
-        return BatchOutput(self._results(decoded, params), decoded.steps, seconds, decoded.cache)
+        return BatchOutput(self._results(decoded, params), decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
     def _check_prompts(self, ids: list[list[int]], params: GenerationParams) -> None:
         if not ids:
@@ -124,16 +146,12 @@ class LLM:
                     f"prompt {r}: {len(p)} prompt tokens + gen_length {params.gen_length} exceeds the model's "
                     f"maximum of {self.arch.max_positions} positions"
                 )
-        if params.compat in ("fast-dllm", "llada") and len({len(p) for p in ids}) > 1:
-            raise UnmaskError(f"compat {params.compat!r} needs equal-length prompts (the reference does not mask padding)")
-        if params.compat in ("fast-dllm", "llada") and self.arch.family != "llada":
-            raise UnmaskError(f"compat {params.compat!r} reproduces the LLaDA sampler; this is a {self.arch.family} model")
-        if params.compat == "dream" and self.arch.family != "dream":
-            raise UnmaskError(f"compat 'dream' reproduces Dream's diffusion_generate; this is a {self.arch.family} model")
+        if params.compat is not None:
+            get_mode(params.compat).check_prompts(ids, self.arch.family)
 
     def _results(self, d: Decoded, params: GenerationParams) -> list[GenerationResult]:
         gen = d.generated.tolist()
-        stops = set(self.token_ids.stop) | {self.token_ids.eos}
+        stops = set(self.token_ids.stop)
         out = []
         for r, raw in enumerate(gen):
             cut = next((j for j, t in enumerate(raw) if t in stops), None)

@@ -19,13 +19,16 @@ class Batched:
     seconds: float  # decoding time: every forward and the loop; tokenisation excluded
 
 
-def generate_batched(llm, prompts: list[str], params, batch_size: int) -> Batched:
-    """Plain-text prompts (no chat template) decoded `batch_size` at a time."""
+def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=None) -> Batched:
+    """Plain-text prompts (no chat template) decoded `batch_size` at a time; `progress(k)` after
+    each batch of k prompts."""
     results, seconds = [], 0.0
     for i in range(0, len(prompts), batch_size):
         out = llm.generate(prompts[i : i + batch_size], params, chat=False)
         seconds += out.seconds
         results += out.results
-    tokens = sum(len(r.token_ids) for r in results)
+        if progress:
+            progress(len(out.results))
+    tokens = sum(r.num_tokens for r in results)
     nfe = sum(r.nfe for r in results) / max(len(results), 1)
     return Batched(results, nfe, tokens / seconds if seconds else 0.0, seconds)

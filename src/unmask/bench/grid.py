@@ -1,18 +1,24 @@
-"""Benchmark grids: commit policy x knob x cache x refresh interval x block x gen length x batch."""
+"""Benchmark grids: commit policy x knob x cache x refresh interval x block x gen length x batch.
+Policy and cache names and what a policy's number means come from their registries."""
 
 import itertools
 from dataclasses import asdict, dataclass
 
+from unmask.cache.policy import CACHES
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
+from unmask.sampler.policy import POLICIES
 
-KNOB = {"fixed": "tokens per step", "threshold": "threshold", "factor": "factor", "entropy": "gamma", "budget": "budget"}
+
+def knob_names() -> dict[str, str]:
+    """What the number in a grid entry `policy:VALUE` means, per policy."""
+    return {name: cls.bench_knob for name, cls in POLICIES.items()}
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     policy: str  # a commit policy, or "ar" for the autoregressive twin
-    knob: float  # fixed: tokens per step; threshold: tau; factor: f; entropy: gamma; budget: f
+    knob: float  # see knob_names(): fixed: tokens per step; threshold: tau; entropy: gamma; ...
     cache: str
     refresh_interval: int | None
     block_length: int
@@ -28,16 +34,14 @@ class BenchConfig:
 
     def params(self) -> GenerationParams:
         g = self.gen_length
-        kw = dict(gen_length=g, block_length=self.block_length, cache=self.cache, refresh_interval=self.refresh_interval)
         if self.policy == "ar":
             return GenerationParams(gen_length=g, block_length=g)
-        if self.policy == "fixed":
-            k = int(self.knob)
-            if k < 1 or g % k:
-                raise UnmaskError(f"fixed:{self.knob:g}: tokens per step must divide gen_length {g}")
-            return GenerationParams(steps=g // k, policy="fixed", **kw).check()
-        name = {"threshold": "threshold", "factor": "factor", "entropy": "gamma", "budget": "budget"}[self.policy]
-        return GenerationParams(policy=self.policy, **{name: self.knob}, **kw).check()
+        try:
+            knob = POLICIES[self.policy].bench_params(self.knob, g)
+        except ValueError as e:
+            raise UnmaskError(str(e)) from None
+        return GenerationParams(gen_length=g, block_length=self.block_length, cache=self.cache,
+                                refresh_interval=self.refresh_interval, **knob).check()
 
     def key(self) -> dict:
         return asdict(self)
@@ -48,24 +52,51 @@ def parse_policies(text: str) -> list[tuple[str, float]]:
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition(":")
-        if name not in KNOB:
-            raise UnmaskError(f"unknown policy {name!r} in --policies; choose {', '.join(KNOB)}")
+        if name not in POLICIES:
+            raise UnmaskError(f"unknown policy {name!r} in --policies; choose {', '.join(POLICIES)}")
         try:
             out.append((name, float(value) if value else 1.0))
         except ValueError:
             raise UnmaskError(f"--policies: {value!r} for {name} is not a number") from None
+    if not out:
+        raise UnmaskError(f"--policies {text!r} names no policy")
+    return out
+
+
+def parse_caches(text: str) -> list[str]:
+    out = [c.strip() for c in text.split(",") if c.strip()]
+    for c in out:
+        if c not in CACHES:
+            raise UnmaskError(f"unknown cache {c!r} in --caches; choose {', '.join(CACHES)}")
+    if not out:
+        raise UnmaskError(f"--caches {text!r} names no cache")
+    return out
+
+
+def parse_ints(flag: str, text: str, minimum: int = 1) -> list[int]:
+    """'8,24' -> [8, 24], each at least `minimum`."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UnmaskError(f"--{flag} {text!r} is not a comma-separated list of integers") from None
+    if not out or any(v < minimum for v in out):
+        raise UnmaskError(f"--{flag} {text!r} needs integers >= {minimum}")
     return out
 
 
 def build_grid(policies, caches, refresh, blocks, gens, batches) -> list[BenchConfig]:
     """The cartesian product, minus combinations that do not exist (a refresh interval without a
     cache; a block that does not tile the canvas). The first configuration of each batch size is
-    the baseline that the others are compared with."""
+    the baseline that the others are compared with. Every setting is checked before anything runs."""
     grid = []
     for (policy, knob), cache, r, blk, g, b in itertools.product(policies, caches, refresh, blocks, gens, batches):
-        if (cache == "none" and r) or g % blk:
+        if (not CACHES[cache].refreshes and r) or g % blk:
             continue
         grid.append(BenchConfig(policy, knob, cache, r or None, blk, g, b))
+    if not grid:
+        raise UnmaskError("the grid is empty: no block length tiles the generation length")
+    for cfg in grid:
+        cfg.params()
     return sorted(grid, key=lambda c: c.batch)
 
 

@@ -93,7 +93,7 @@ class GSM8KResult:
 
 
 def run(llm, params, n: int | None = None, shots: int = 5, batch_size: int = 8,
-        path: str | Path | None = None) -> GSM8KResult:
+        path: str | Path | None = None, progress=None) -> GSM8KResult:
     """Generate for the first `n` test problems with a `shots`-shot prompt and score both ways."""
     from unmask.bench.stats import wilson_interval
     from unmask.errors import UnmaskError
@@ -104,7 +104,7 @@ def run(llm, params, n: int | None = None, shots: int = 5, batch_size: int = 8,
     if n is not None and n < 1:
         raise UnmaskError(f"n {n} must be a positive integer")
     problems = load("test", path)[:n]
-    gen = generate_batched(llm, [build_prompt(p.question, pool[:shots]) for p in problems], params, batch_size)
+    gen = generate_batched(llm, [build_prompt(p.question, pool[:shots]) for p in problems], params, batch_size, progress)
     samples = [{"question": p.question, "gold": gold(p), "completion": truncate(r.text), **score(r.text, p)}
                for p, r in zip(problems, gen.results)]
     k = len(samples)

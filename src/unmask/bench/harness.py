@@ -42,32 +42,9 @@ except ImportError as e:  # pragma: no cover - exercised only without lm-eval
 from unmask.bench import gsm8k
 from unmask.bench.common import cut_at_stop
 from unmask.llm import LLM, default_device
-from unmask.params import SHAPE, GenerationParams, canvas_shape
+from unmask.params import PARAM_FIELDS, check_fields, coerce, resolve_params
 
 log = logging.getLogger(__name__)
-_FIELDS = {f.name: f for f in dataclasses.fields(GenerationParams)}
-
-
-def _convert(name: str, value):
-    """lm-eval passes model_args as str / int / float / bool; coerce to the field's type."""
-    if value is None or (isinstance(value, str) and value.lower() == "none"):
-        return None
-    t = _FIELDS[name].type
-    kind = t.__name__ if isinstance(t, type) else str(t)  # "int", "float", "int | None", ...
-    try:
-        if kind.startswith("int"):
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-        if kind.startswith("bool"):
-            if isinstance(value, str):
-                if value.lower() not in ("true", "false"):
-                    raise ValueError
-                return value.lower() == "true"
-            return bool(value)
-    except (TypeError, ValueError):
-        raise UnmaskError(f"model_args {name}={value!r} is not a valid {kind}") from None
-    return str(value)
 
 
 @register_model("unmask")
@@ -76,17 +53,18 @@ class UnmaskLM(LM):
                  batch_size: int | str = 1, chat: bool | str = False, mc_num: int = 32, seed: int = 1234,
                  max_batch_size: int | None = None, **decoding) -> None:
         super().__init__()
-        unknown = sorted(set(decoding) - set(_FIELDS))
+        unknown = sorted(set(decoding) - set(PARAM_FIELDS))
         if unknown:
-            raise UnmaskError(f"unknown model_args {unknown}; decoding fields are {', '.join(_FIELDS)}")
+            raise UnmaskError(f"unknown model_args {unknown}; decoding fields are {', '.join(PARAM_FIELDS)}")
+        values = {k: coerce(k, v, f"model_args {k}") for k, v in decoding.items()}
+        check_fields({k: v for k, v in values.items() if v is not None})
         if device and str(device).startswith("cuda") and not torch.cuda.is_available():
             # lm-eval's command line asks for cuda:0 unless told otherwise
             log.warning("device %s requested but CUDA is not available; using the CPU", device)
             device = "cpu"
         self.llm = LLM(model, dtype=dtype, device=device or default_device())
-        values = {k: _convert(k, v) for k, v in decoding.items()}
-        shape = canvas_shape(self.llm.generation_defaults, {k: values.pop(k) for k in SHAPE if k in values})
-        self.params = GenerationParams(**shape, **values).check()
+        # evaluation runs the reference setting unless model_args say otherwise (like `unmask eval`)
+        self.params = resolve_params(values, self.llm.generation_defaults, fast=False)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
         self.chat = str(chat).lower() == "true"
         self.mc_num = int(mc_num)

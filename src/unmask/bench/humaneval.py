@@ -39,9 +39,10 @@ class HumanEvalResult:
     seconds: float = 0.0  # decoding time: every forward and the loop; tokenisation excluded
 
 
-def run(llm, params, n: int | None = None, timeout: float = 3.0, batch_size: int = 8) -> HumanEvalResult:
+def run(llm, params, n: int | None = None, timeout: float = 3.0, batch_size: int = 8,
+        progress=None) -> HumanEvalResult:
     probs = problems()[:n]
-    gen = generate_batched(llm, [p["prompt"] for p in probs], params, batch_size)
+    gen = generate_batched(llm, [p["prompt"] for p in probs], params, batch_size, progress)
     results = []
     for p, r in zip(probs, gen.results):
         completion = truncate(r.text)

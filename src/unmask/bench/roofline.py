@@ -16,7 +16,7 @@ at about 25 ms per call for unmask's 25 M benchmark model), so it is a lower bou
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -160,12 +160,47 @@ def seed_example() -> str:
     return "\n".join(lines)
 
 
-def with_hardware(r: Roofline, hw: Hardware) -> Roofline:
-    return replace(r, hw=hw)
+def build(hardware: str | None = None, arch=None, params: float | None = None,
+          bytes_per_param: float | None = None, attention: bool = False) -> Roofline:
+    """A roofline for named hardware (a preset, or "cpu": this machine, measured) and a model given
+    by its architecture (`arch`, an ArchConfig) or by its parameter count. Bad values raise an
+    UnmaskError that names them."""
+    from unmask.errors import UnmaskError
+
+    if hardware is not None and hardware != "cpu" and hardware not in PRESETS:
+        raise UnmaskError(f"unknown hardware {hardware!r}; choose {', '.join(PRESETS)} or cpu")
+    if arch is not None and params is not None:
+        raise UnmaskError("give a model or a parameter count, not both")
+    if attention and arch is None:
+        raise UnmaskError("attention costs need a model (the layer and head sizes come from its config)")
+    if bytes_per_param is None:
+        bytes_per_param = 4.0 if hardware == "cpu" else 2.0
+    if not (math.isfinite(bytes_per_param) and bytes_per_param > 0):
+        raise UnmaskError(f"bytes per parameter {bytes_per_param} must be a finite number > 0")
+    hw = measure_cpu() if hardware == "cpu" else PRESETS[hardware or "h100-sxm"]
+    if arch is not None:
+        return Roofline(hw, ModelCost.from_arch(arch, bytes_per_param, attention))
+    n = 7e9 if params is None else params
+    if not (math.isfinite(n) and n > 0):
+        raise UnmaskError(f"parameter count {n} must be a finite number > 0")
+    return Roofline(hw, ModelCost(n * bytes_per_param, 2 * n))
+
+
+def check_setup(prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> None:
+    from unmask.errors import UnmaskError
+
+    for name, v in (("prompt", prompt), ("gen", gen), ("block", block)):
+        if v < 1:
+            raise UnmaskError(f"{name} {v} must be a positive integer")
+    if not (math.isfinite(tau) and tau > 0):
+        raise UnmaskError(f"tau {tau} must be a finite number > 0")
+    if not batches or any(b < 1 for b in batches):
+        raise UnmaskError(f"batches {batches} must be positive integers")
 
 
 def predict(r: Roofline, prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> dict:
     """Latency of one request and decode throughput at each batch, for AR and diffusion."""
+    check_setup(prompt, gen, tau, block, batches)
     ctx = prompt + gen if r.model.num_layers else 0
     return {
         "hardware": r.hw.__dict__,

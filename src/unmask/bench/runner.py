@@ -18,8 +18,8 @@ import torch
 from unmask.bench.grid import BenchConfig
 from unmask.bench.roofline import ModelCost, Roofline, measure_cpu
 from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, row_latencies, wilson_interval
+from unmask.evaluate import run_task
 from unmask.llm import LLM
-from unmask.tasks import held_out, score
 
 TIMER_INCLUDES = ("decode of each batch: every forward (prefill / cache refreshes included) and the decode "
                   "loop; excludes tokenisation and detokenisation")
@@ -72,31 +72,30 @@ def _roofline(llm: LLM, hw) -> Roofline:
     return Roofline(hw, ModelCost.from_arch(llm.arch, bytes_per, attention=True))
 
 
-def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline) -> Measured:
+def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline, progress=None) -> Measured:
     m = Measured(cfg)
     params = cfg.params()
     for task in tasks:
-        examples = held_out(task, n)
-        flags, acc = [], 0.0
-        for i in range(0, n, cfg.batch):
-            chunk = examples[i : i + cfg.batch]
-            out = llm.generate([ex.prompt for ex in chunk], params, chat=False)
-            m.seconds += out.seconds
+        run = run_task(llm, task, n, params, cfg.batch, progress=progress)
+        m.flags[task] = run.flags
+        m.token_acc[task] = sum(run.token_accuracy) / run.n
+        m.seconds += run.seconds
+        m.tokens += run.tokens
+        m.row_forwards += run.row_forwards
+        for out in run.outputs:
             m.steps += len(out.steps)
             m.latencies += row_latencies([s.seconds for s in out.steps], [r.nfe for r in out.results])
-            L = max(len(p) for p in llm.encode([ex.prompt for ex in chunk], chat=False)) + cfg.gen_length
+            L = out.prompt_len + cfg.gen_length
             m.predicted_seconds += sum(roof.step(s.rows * s.positions, L, s.rows) for s in out.steps)
             m.positions += sum(s.rows * s.positions for s in out.steps)
-            for ex, r in zip(chunk, out.results):
-                s = score(ex, r.text)
-                flags.append(s.exact)
-                acc += s.token_accuracy
-                m.tokens += len(r.token_ids) + (r.finish_reason == "stop")
-                m.row_forwards += r.nfe
-        m.flags[task] = flags
-        m.token_acc[task] = acc / n
     m.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return m
+
+
+def with_ar_twin(grid: list[BenchConfig]) -> list[BenchConfig]:
+    """The grid plus the AR twin at each of its batch sizes."""
+    g = grid[0].gen_length
+    return list(grid) + [BenchConfig("ar", 1.0, "kv", None, g, g, b) for b in sorted({c.batch for c in grid})]
 
 
 def context() -> dict:
@@ -116,19 +115,17 @@ def context() -> dict:
 
 
 def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: list[str], n: int,
-             progress=None) -> dict:
+             progress=None, on_examples=None) -> dict:
+    """Measure every configuration (and the AR twin at each batch size). `progress(i, total, row)`
+    after each configuration, `on_examples(k)` after each decoded batch of k examples."""
     hw = measure_cpu()
     roof_d = _roofline(diffusion, hw)
     roof_a = _roofline(ar, hw) if ar is not None else None
     rows, baselines = [], {}
-    configs = list(grid)
-    if ar is not None:
-        for b in sorted({c.batch for c in grid}):
-            g = grid[0].gen_length
-            configs.append(BenchConfig("ar", 1.0, "kv", None, g, g, b))
+    configs = with_ar_twin(grid) if ar is not None else list(grid)
     for i, cfg in enumerate(configs):
         llm, roof = (ar, roof_a) if cfg.policy == "ar" else (diffusion, roof_d)
-        m = measure(llm, cfg, tasks, n, roof)
+        m = measure(llm, cfg, tasks, n, roof, on_examples)
         baselines.setdefault(cfg.batch, m if cfg.policy != "ar" else None)
         base = baselines.get(cfg.batch) or next(iter(baselines.values()))
         rows.append(m.summary(base))

@@ -32,6 +32,3 @@ class StaticKV:
         """Keep only batch rows `keep` (finished rows leave the batch)."""
         self.k = [None if t is None else t[keep] for t in self.k]
         self.v = [None if t is None else t[keep] for t in self.v]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)

@@ -1,5 +1,6 @@
 """Cache policies decide, for step `i` of a block [s, e) on a canvas of length L, which columns
-the next forward recomputes and whether it refreshes the cache.
+the next forward recomputes and whether it refreshes the cache. One small class per mode;
+`@register` adds it to CACHES, from which the CLI, the bench grid and the checks derive.
 
 - none:   every forward recomputes the whole canvas; nothing is stored.
 - prefix: a refresh (full forward that also proposes and commits) at the block start and every
@@ -11,6 +12,7 @@ s, so their windows start `shift` columns earlier.
 """
 
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -21,28 +23,83 @@ class ForwardPlan:
     refresh: bool  # the whole canvas is recomputed (exact logits)
 
 
-@dataclass(frozen=True)
-class CachePolicy:
+class CachePolicy(Protocol):
     name: str
-    refresh_interval: int | None = None
-
-    @property
-    def stores_kv(self) -> bool:
-        return self.name != "none"
+    stores_kv: bool  # keeps a KV buffer between forwards
 
     def plan(self, step: int, s: int, e: int, length: int, shift: int = 0) -> ForwardPlan:
-        if self.name == "none":
-            return ForwardPlan(0, length, False, True)
-        if step == 0 or (self.refresh_interval is not None and step % self.refresh_interval == 0):
+        ...
+
+
+CACHES: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Add a cache policy class to CACHES under its `name`."""
+    if cls.name in CACHES:
+        raise ValueError(f"cache {cls.name!r} is registered twice")
+    CACHES[cls.name] = cls
+    return cls
+
+
+@register
+@dataclass(frozen=True)
+class NoCache:
+    """Recompute the whole canvas every step (exact; the reference samplers' default)."""
+
+    name: ClassVar[str] = "none"
+    stores_kv: ClassVar[bool] = False
+    refreshes: ClassVar[bool] = False  # has a refresh interval to tune
+
+    @classmethod
+    def from_params(cls, p: Any) -> "NoCache":
+        return cls()
+
+    def plan(self, step: int, s: int, e: int, length: int, shift: int = 0) -> ForwardPlan:
+        return ForwardPlan(0, length, False, True)
+
+
+@register
+@dataclass(frozen=True)
+class PrefixCache:
+    """Fast-dLLM's PrefixCache: the committed prefix [0, s) is cached; [s, L) is recomputed."""
+
+    name: ClassVar[str] = "prefix"
+    stores_kv: ClassVar[bool] = True
+    refreshes: ClassVar[bool] = True
+    refresh_interval: int | None = None
+
+    @classmethod
+    def from_params(cls, p: Any):
+        return cls(p.refresh_interval)
+
+    def is_refresh(self, step: int) -> bool:
+        return step == 0 or (self.refresh_interval is not None and step % self.refresh_interval == 0)
+
+    def window_end(self, e: int, length: int) -> int:
+        return length
+
+    def plan(self, step: int, s: int, e: int, length: int, shift: int = 0) -> ForwardPlan:
+        if self.is_refresh(step):
             return ForwardPlan(0, length, True, True)
-        end = length if self.name == "prefix" else e
-        return ForwardPlan(s - shift, end, True, False)
+        return ForwardPlan(s - shift, self.window_end(e, length), True, False)
 
 
-CACHES = ("none", "prefix", "dual")
+@register
+@dataclass(frozen=True)
+class DualCache(PrefixCache):
+    """Fast-dLLM's DualCache: prefix and masked suffix are cached; only the block is recomputed."""
+
+    name: ClassVar[str] = "dual"
+
+    def window_end(self, e: int, length: int) -> int:
+        return e
 
 
-def make_cache_policy(name: str, refresh_interval: int | None = None) -> CachePolicy:
-    if name not in CACHES:
-        raise ValueError(f"unknown cache {name!r}; choose one of {', '.join(CACHES)}")
-    return CachePolicy(name, refresh_interval)
+def make_cache_policy(p: Any):
+    """The cache policy that generation parameters `p` name (p.cache)."""
+    try:
+        cls = CACHES[p.cache]
+    except KeyError:
+        raise ValueError(f"unknown cache {p.cache!r}; choose one of {', '.join(CACHES)}") from None
+    return cls.from_params(p)

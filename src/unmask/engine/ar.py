@@ -41,7 +41,7 @@ def decode_ar(
     c = Canvas.build(prompts, max_new_tokens, tokens.mask, pad, device)
     P, L, B0 = c.prompt_len, c.length, c.batch
     out = c.x.clone()
-    stops = torch.tensor(sorted(set(tokens.stop) | {tokens.eos}), device=device)
+    stops = torch.tensor(tokens.stop, device=device)
     gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
     kv = StaticKV(model.config.num_layers, L)
     row_nfe = torch.zeros(B0, dtype=torch.long, device=device)

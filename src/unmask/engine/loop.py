@@ -10,7 +10,7 @@ import torch
 from unmask.cache.kv import StaticKV
 from unmask.cache.policy import ForwardPlan
 from unmask.engine.canvas import Canvas, finished_rows, retire_rows
-from unmask.engine.setup import DecodeParts, build_parts
+from unmask.engine.parts import DecodeParts, build_parts
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.proposal import Proposal, propose
@@ -77,7 +77,7 @@ class _Decoder:
         pad = tokens.pad if tokens.pad is not None else tokens.eos
         self.c = Canvas.build(prompts, params.gen_length, self.mask, pad, device)
         self.out = self.c.x.clone()
-        self.stop_ids = torch.tensor(sorted(set(tokens.stop) | {tokens.eos}), device=device)
+        self.stop_ids = torch.tensor(tokens.stop, device=device)
         self.gen = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
         self.kv = StaticKV(model.config.num_layers, self.c.length) if parts.cache.stores_kv else None
         self.row_nfe = torch.zeros(self.c.batch, dtype=torch.long, device=device)

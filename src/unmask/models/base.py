@@ -52,8 +52,11 @@ class TokenIds:
     eos: int
     pad: int | None = None
     bos: int | None = None
-    # every id that ends a generation (EOS, end-of-turn, ...), EOS included
+    # every id that ends a generation (EOS, end-of-turn, ...); EOS is always included
     stop: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(sorted(set(self.stop) | {self.eos})))
 
 
 class DiffusionLM(nn.Module):

@@ -3,14 +3,16 @@
 All policies are batched over rows: inputs are (B, W) tensors whose non-candidate entries are
 ignored; output is a (B, W) bool tensor that is a subset of the candidates. Every policy commits
 at least one token in a row that has a candidate and a positive quota.
+
+Each policy declares, in its class, its name, the generation parameter it reads (its knob) and
+how it is built from the parameters; `@register` adds it to POLICIES. The CLI flags, the bench
+grid and the lm-eval arguments are derived from that, so a new policy is one class here.
 """
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
-
-from unmask.sampler.schedule import DreamSchedule
 
 
 class CommitPolicy(Protocol):
@@ -27,6 +29,46 @@ class CommitPolicy(Protocol):
         generator: torch.Generator | None,
     ) -> torch.Tensor:
         ...
+
+
+POLICIES: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Add a policy class to POLICIES under its `name`."""
+    if cls.name in POLICIES:
+        raise ValueError(f"policy {cls.name!r} is registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+class _Registered:
+    """What a registered policy declares besides `select`.
+
+    name: the value of `--policy`. knob: the generation parameter (a GenerationParams field) that
+    tunes it, or None. bench_knob: what the number in a bench grid entry `name:VALUE` means.
+    """
+
+    name: ClassVar[str]
+    knob: ClassVar[str | None] = None
+    bench_knob: ClassVar[str] = ""
+    uses_schedule: ClassVar[bool] = False
+    needs_entropy: ClassVar[bool] = False
+
+    @classmethod
+    def implied_by(cls) -> tuple[str, ...]:
+        """Generation parameters that, given alone, mean this policy."""
+        return () if cls.knob is None else (cls.knob,)
+
+    @classmethod
+    def from_params(cls, p: Any) -> "CommitPolicy":
+        """Build from generation parameters (anything with the knob as an attribute)."""
+        return cls(getattr(p, cls.knob))
+
+    @classmethod
+    def bench_params(cls, value: float, gen_length: int) -> dict:
+        """The generation parameters that a bench grid entry `name:value` stands for."""
+        return {"policy": cls.name, cls.knob: value}
 
 
 def take_top(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -46,25 +88,44 @@ def _sorted_candidates(score: torch.Tensor, candidates: torch.Tensor, descending
     return sorted_s, valid, n
 
 
+@register
 @dataclass
-class FixedPolicy:
+class FixedPolicy(_Registered):
     """LLaDA: commit the schedule's quota, most confident first (or in random order when the
-    score is a random draw)."""
+    score is a random draw). Its knob is the schedule (`steps`), not a policy parameter."""
 
-    uses_schedule: bool = True
-    needs_entropy: bool = False
+    name: ClassVar[str] = "fixed"
+    bench_knob: ClassVar[str] = "tokens per step"
+    uses_schedule: ClassVar[bool] = True
+
+    @classmethod
+    def implied_by(cls) -> tuple[str, ...]:
+        return ("steps", "remasking")
+
+    @classmethod
+    def from_params(cls, p: Any) -> "FixedPolicy":
+        return cls()
+
+    @classmethod
+    def bench_params(cls, value: float, gen_length: int) -> dict:
+        k = int(value)
+        if k != value or k < 1 or gen_length % k:
+            raise ValueError(f"fixed:{value:g}: tokens per step must be an integer that divides gen_length {gen_length}")
+        return {"policy": cls.name, "steps": gen_length // k}
 
     def select(self, score, entropy, candidates, quota, step, generator):
         return take_top(score, candidates, quota)
 
 
+@register
 @dataclass
-class ThresholdPolicy:
+class ThresholdPolicy(_Registered):
     """Fast-dLLM: every candidate with confidence >= threshold, plus the most confident one."""
 
+    name: ClassVar[str] = "threshold"
+    knob: ClassVar[str] = "threshold"
+    bench_knob: ClassVar[str] = "threshold"
     threshold: float
-    uses_schedule: bool = False
-    needs_entropy: bool = False
 
     def select(self, score, entropy, candidates, quota, step, generator):
         commit = candidates & (score >= self.threshold)
@@ -73,15 +134,17 @@ class ThresholdPolicy:
         return commit | (best & candidates)
 
 
+@register
 @dataclass
-class FactorPolicy:
+class FactorPolicy(_Registered):
     """Fast-dLLM's factor rule: the n-th most confident candidate passes if c >= 1 - f/(n+1).
     The first failing rank j bounds the commit count, with upstream's edge cases: j = 0 or
     j = N-1 (including "nothing failed") commit one more, so N <= 2 commits everything."""
 
+    name: ClassVar[str] = "factor"
+    knob: ClassVar[str] = "factor"
+    bench_knob: ClassVar[str] = "factor"
     factor: float
-    uses_schedule: bool = False
-    needs_entropy: bool = False
 
     def select(self, score, entropy, candidates, quota, step, generator):
         sorted_s, valid, n = _sorted_candidates(score, candidates)
@@ -95,14 +158,17 @@ class FactorPolicy:
         return take_top(score, candidates, k)
 
 
+@register
 @dataclass
-class EntropyBoundPolicy:
+class EntropyBoundPolicy(_Registered):
     """EB-sampler (arXiv 2505.24857): sort candidates by entropy ascending and commit the largest
     prefix with sum(H) - max(H) <= gamma. The least uncertain candidate is always committed."""
 
+    name: ClassVar[str] = "entropy"
+    knob: ClassVar[str] = "gamma"
+    bench_knob: ClassVar[str] = "gamma"
+    needs_entropy: ClassVar[bool] = True
     gamma: float
-    uses_schedule: bool = False
-    needs_entropy: bool = True
 
     def select(self, score, entropy, candidates, quota, step, generator):
         sorted_h, valid, _ = _sorted_candidates(entropy, candidates, descending=False)
@@ -113,14 +179,16 @@ class EntropyBoundPolicy:
         return take_top(-entropy, candidates, k)
 
 
+@register
 @dataclass
-class BudgetPolicy:
+class BudgetPolicy(_Registered):
     """Seed 004 eq. 9: with candidates sorted by confidence c, commit the largest prefix S with
     sum_{j in S}(1 - c_j) + max_{j in S}(1 - c_j) < f, at least one. f = 1 is the guarantee."""
 
+    name: ClassVar[str] = "budget"
+    knob: ClassVar[str] = "budget"
+    bench_knob: ClassVar[str] = "budget"
     budget: float
-    uses_schedule: bool = False
-    needs_entropy: bool = False
 
     def select(self, score, entropy, candidates, quota, step, generator):
         sorted_s, valid, n = _sorted_candidates(score, candidates)
@@ -131,38 +199,10 @@ class BudgetPolicy:
         return take_top(score, candidates, k)
 
 
-@dataclass
-class OriginPolicy:
-    """Dream's "origin": each masked position is committed independently with probability
-    1 - s/t (1 on the last step). Uniforms are drawn in row-major order over the candidates,
-    as upstream draws them over the flattened masked positions."""
-
-    schedule: DreamSchedule
-    uses_schedule: bool = False
-    needs_entropy: bool = False
-
-    def select(self, score, entropy, candidates, quota, step, generator):
-        if step >= self.schedule.steps - 1:
-            return candidates.clone()
-        frac = self.schedule.transfer_fraction(step)
-        n = int(candidates.sum())
-        u = torch.full(candidates.shape, 2.0, device=candidates.device)
-        u[candidates] = torch.rand(n, generator=generator, device=candidates.device)
-        return candidates & (u < frac.to(u.device))
-
-
-POLICIES = ("fixed", "threshold", "factor", "entropy", "budget")
-
-
-def make_policy(name: str, *, threshold: float, factor: float, gamma: float, budget: float) -> CommitPolicy:
-    if name == "fixed":
-        return FixedPolicy()
-    if name == "threshold":
-        return ThresholdPolicy(threshold)
-    if name == "factor":
-        return FactorPolicy(factor)
-    if name == "entropy":
-        return EntropyBoundPolicy(gamma)
-    if name == "budget":
-        return BudgetPolicy(budget)
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+def make_policy(p: Any) -> CommitPolicy:
+    """The commit policy that generation parameters `p` name (p.policy), built from its knob."""
+    try:
+        cls = POLICIES[p.policy]
+    except KeyError:
+        raise ValueError(f"unknown policy {p.policy!r}; choose one of {', '.join(POLICIES)}") from None
+    return cls.from_params(p)

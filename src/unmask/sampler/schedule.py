@@ -1,4 +1,5 @@
-"""Schedules: how many tokens a fixed-count policy commits at step i of a block."""
+"""Schedules: how many tokens a fixed-count policy commits at step i of a block. (Dream's
+timestep schedule is part of its compat mode, in unmask.compat.)"""
 
 from typing import Protocol
 
@@ -37,28 +38,3 @@ class EvenSchedule:
     def select_rows(self, keep: torch.Tensor) -> None:
         if self.table is not None:
             self.table = self.table[keep]
-
-
-class DreamSchedule:
-    """Dream's schedule: timesteps linspace(1, eps, steps+1); at step i commit
-    int(remaining * (1 - s/t)) with t, s = ts[i], ts[i+1] (float32 as upstream), all on the last step."""
-
-    def __init__(self, steps: int, eps: float = 1e-3) -> None:
-        self.steps = steps
-        self.timesteps = torch.linspace(1, eps, steps + 1)
-
-    def start_block(self, masked: torch.Tensor) -> None:
-        pass
-
-    def transfer_fraction(self, step: int) -> torch.Tensor:
-        t, s = self.timesteps[step], self.timesteps[step + 1]
-        return 1 - s / t
-
-    def quota(self, step: int, remaining: torch.Tensor) -> torch.Tensor:
-        if step >= self.steps - 1:
-            return remaining
-        frac = self.transfer_fraction(step).to(remaining.device)
-        return (remaining.float() * frac).long()
-
-    def select_rows(self, keep: torch.Tensor) -> None:
-        pass

@@ -11,8 +11,7 @@ states) and `model/`, a checkpoint in the released LLaDA layout that loads throu
 
 import json
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from safetensors.torch import save_file
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.models.llada import LLaDAModel
 from unmask.tasks import TASKS
-from unmask.train.data import BOS, EOS, MASK, PAD, Batch, TaskSampler, build_tokenizer, make_batch, save_tokenizer_files
+from unmask.train.data import BOS, EOS, MASK, PAD, Batch, save_tokenizer_files
 
 DEFAULT_MIX = {t: 1.0 for t in TASKS}
 

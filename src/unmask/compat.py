@@ -1,0 +1,215 @@
+"""Compatibility modes: everything that changes when unmask reproduces a reference sampler token
+for token (`GenerationParams(compat=...)`, `--compat`), in one place.
+
+A mode maps its name to
+- the parameters it supports and what it implies (`resolve`, `check`),
+- the prompts it accepts (`check_prompts`: the references attend to padding, Dream's needs a
+  Dream model),
+- its decoding parts (`parts`: proposal configuration, commit policy, schedule),
+- the loop rules by which it deviates from native decoding (`LoopRules`).
+The native path uses none of this. A new mode (e.g. Fast-dLLM v2) is one class here plus
+`@register`. Semantics of each reference: shared/docs/reference-semantics.md.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import torch
+
+from unmask.errors import UnmaskError
+from unmask.sampler.policy import CommitPolicy, FixedPolicy, make_policy
+from unmask.sampler.proposal import ProposalConfig
+from unmask.sampler.schedule import EvenSchedule, Schedule
+
+
+@dataclass(frozen=True)
+class LoopRules:
+    """How the decode loop deviates from native semantics to reproduce a reference."""
+
+    # at a full-canvas forward, candidates are all masks before the block end (not only the block)
+    candidates_before_block_end: bool = False
+    # run exactly steps_per_block forwards per block, even after the block is complete
+    run_all_steps: bool = False
+    # score the whole recomputed window, so random draws have the reference's shapes
+    score_full_window: bool = False
+    # stop a row once it has committed end of text (the references decode the whole canvas)
+    early_stop: bool = True
+
+
+NATIVE = LoopRules()
+COMPAT_MODES: dict[str, "CompatMode"] = {}
+
+
+def register(cls: type) -> type:
+    COMPAT_MODES[cls.name] = cls()
+    return cls
+
+
+def get_mode(name: str) -> "CompatMode":
+    try:
+        return COMPAT_MODES[name]
+    except KeyError:
+        raise UnmaskError(f"unknown compat {name!r}; choose one of {', '.join(COMPAT_MODES)}") from None
+
+
+class CompatMode:
+    name: ClassVar[str]
+    reference: ClassVar[str]  # what it reproduces
+    family: ClassVar[str]  # model family the reference sampler runs
+    policies: ClassVar[tuple[str, ...]]  # commit policies it reproduces
+    caches: ClassVar[tuple[str, ...]]
+    top_k_top_p: ClassVar[bool] = False
+    equal_length_prompts: ClassVar[bool] = True  # the reference attends to padding
+    rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
+                                           early_stop=False)
+
+    def resolve(self, p: Any) -> Any:
+        """The parameters with what the mode implies applied."""
+        return p
+
+    def check(self, p: Any) -> None:
+        """Reject what the reference cannot do (p is resolved)."""
+        self._need(p, p.refresh_interval is None, f"refresh_interval {p.refresh_interval}")
+        self._need(p, p.top_k is None and p.top_p is None or self.top_k_top_p, "top_k / top_p")
+        self._need(p, p.confidence == "prob", f"confidence {p.confidence!r}")
+        self._need(p, p.policy in self.policies, f"policy {p.policy!r}")
+        self._need(p, p.cache in self.caches, f"cache {p.cache!r}")
+
+    def _need(self, p: Any, ok: bool, what: str) -> None:
+        if not ok:
+            raise UnmaskError(f"compat {p.compat!r} does not support {what}")
+
+    def check_prompts(self, prompts: list[list[int]], family: str) -> None:
+        if family != self.family:
+            raise UnmaskError(f"compat {self.name!r} reproduces {self.reference}; this is a {family} model")
+        if self.equal_length_prompts and len({len(p) for p in prompts}) > 1:
+            raise UnmaskError(f"compat {self.name!r} needs equal-length prompts (the reference does not mask padding)")
+
+    def parts(self, p: Any, mask_id: int) -> tuple[ProposalConfig, CommitPolicy, Schedule]:
+        raise NotImplementedError
+
+
+def _gumbel_proposal(p: Any, mask_id: int, precision: torch.dtype, random_dtype: torch.dtype,
+                     need_entropy: bool) -> ProposalConfig:
+    """LLaDA's and Fast-dLLM's proposal: Gumbel-max in float64, confidence gathered from a full
+    softmax (bit-exact with the references), 'random' remasking as a random score."""
+    return ProposalConfig(
+        mask_id=mask_id, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+        confidence="random" if p.remasking == "random" else p.confidence, sampling="gumbel",
+        precision=precision, random_dtype=random_dtype, exact_softmax=True, need_entropy=need_entropy,
+    )
+
+
+@register
+class FastDLLM(CompatMode):
+    """Fast-dLLM v1 (latest) `generate`, `generate_with_prefix_cache`, `generate_with_dual_cache`."""
+
+    name = "fast-dllm"
+    reference = "the LLaDA sampler of Fast-dLLM v1"
+    family = "llada"
+    policies = ("fixed", "threshold", "factor")
+    caches = ("none", "prefix", "dual")
+
+    def parts(self, p, mask_id):
+        policy = make_policy(p)
+        # the factor path draws float32 uniforms for 'random'; get_transfer_index float64
+        random_dtype = torch.float32 if p.policy == "factor" else torch.float64
+        proposal = _gumbel_proposal(p, mask_id, torch.float64, random_dtype, policy.needs_entropy)
+        return proposal, policy, EvenSchedule(p.steps_per_block)
+
+
+@register
+class LLaDA(CompatMode):
+    """LLaDA's official `generate`: fixed steps, every step run even when nothing is left."""
+
+    name = "llada"
+    reference = "the LLaDA sampler"
+    family = "llada"
+    policies = ("fixed",)
+    caches = ("none",)
+    rules = replace(CompatMode.rules, run_all_steps=True)
+
+    def parts(self, p, mask_id):
+        proposal = _gumbel_proposal(p, mask_id, torch.float32, torch.float32, False)
+        return proposal, FixedPolicy(), EvenSchedule(p.steps_per_block)
+
+
+DREAM_ALGS = {"origin": "prob", "maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}
+
+
+@register
+class Dream(CompatMode):
+    """Dream's `diffusion_generate`: the whole canvas as one block, Dream's timestep schedule, the
+    algorithms origin / maskgit_plus / topk_margin / entropy, categorical sampling."""
+
+    name = "dream"
+    reference = "Dream's diffusion_generate"
+    family = "dream"
+    policies = ("fixed",)
+    caches = ("none",)
+    top_k_top_p = True
+    equal_length_prompts = False
+    rules = replace(CompatMode.rules, run_all_steps=True)
+
+    def resolve(self, p):
+        return replace(p, block_length=p.gen_length, alg=p.alg or "origin")
+
+    def check(self, p):
+        if p.alg not in DREAM_ALGS:
+            raise UnmaskError(f"unknown alg {p.alg!r}; choose one of {', '.join(DREAM_ALGS)}")
+        if p.policy != "fixed":
+            raise UnmaskError(f"compat 'dream' does not support policy {p.policy!r} (choose the algorithm with alg)")
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}")
+        super().check(p)
+
+    def parts(self, p, mask_id):
+        schedule = DreamSchedule(p.total_steps, p.eps)
+        policy = OriginPolicy(schedule) if p.alg == "origin" else FixedPolicy()
+        proposal = ProposalConfig(mask_id=mask_id, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                                  confidence=DREAM_ALGS[p.alg], sampling="categorical")
+        return proposal, policy, schedule
+
+
+class DreamSchedule:
+    """Dream's schedule: timesteps linspace(1, eps, steps+1); at step i commit
+    int(remaining * (1 - s/t)) with t, s = ts[i], ts[i+1] (float32 as upstream), all on the last step."""
+
+    def __init__(self, steps: int, eps: float = 1e-3) -> None:
+        self.steps = steps
+        self.timesteps = torch.linspace(1, eps, steps + 1)
+
+    def start_block(self, masked: torch.Tensor) -> None:
+        pass
+
+    def transfer_fraction(self, step: int) -> torch.Tensor:
+        t, s = self.timesteps[step], self.timesteps[step + 1]
+        return 1 - s / t
+
+    def quota(self, step: int, remaining: torch.Tensor) -> torch.Tensor:
+        if step >= self.steps - 1:
+            return remaining
+        frac = self.transfer_fraction(step).to(remaining.device)
+        return (remaining.float() * frac).long()
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        pass
+
+
+@dataclass
+class OriginPolicy:
+    """Dream's "origin": each masked position is committed independently with probability
+    1 - s/t (1 on the last step). Uniforms are drawn in row-major order over the candidates,
+    as upstream draws them over the flattened masked positions."""
+
+    schedule: DreamSchedule
+    uses_schedule: bool = False
+    needs_entropy: bool = False
+
+    def select(self, score, entropy, candidates, quota, step, generator):
+        if step >= self.schedule.steps - 1:
+            return candidates.clone()
+        frac = self.schedule.transfer_fraction(step)
+        n = int(candidates.sum())
+        u = torch.full(candidates.shape, 2.0, device=candidates.device)
+        u[candidates] = torch.rand(n, generator=generator, device=candidates.device)
+        return candidates & (u < frac.to(u.device))
