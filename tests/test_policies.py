@@ -142,3 +142,49 @@ def test_dream_schedule_last_step_takes_all():
     q0 = s.quota(0, rem)
     assert q0.item() == int(16 * (1 - s.timesteps[1] / s.timesteps[0]))
     assert s.quota(3, torch.tensor([5])).item() == 5
+
+
+# --- Dream's compat parts: properties over random settings (hypothesis) ---------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from unmask.compat import OriginPolicy  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.integers(1, 40), eps=st.floats(1e-4, 0.5), masks=st.lists(st.integers(0, 64), min_size=1, max_size=4))
+def test_dream_schedule_drains_every_row_in_exactly_steps(steps, eps, masks):
+    """Each quota is within [0, remaining], follows upstream's float32 int(r * (1 - s/t)), and the
+    last step takes what is left, so every row is done after `steps` steps."""
+    s = DreamSchedule(steps, eps)
+    rem = torch.tensor(masks)
+    for i in range(steps):
+        q = s.quota(i, rem)
+        assert ((q >= 0) & (q <= rem)).all()
+        if i < steps - 1:
+            t, u = s.timesteps[i], s.timesteps[i + 1]
+            assert q.tolist() == [int(r * (1 - u / t)) for r in rem.float()]
+        rem = rem - q
+    assert (rem == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.integers(2, 20), step=st.integers(0, 19), seed=st.integers(0, 2**31 - 1),
+       rows=st.integers(1, 3), width=st.integers(1, 12), density=st.floats(0, 1))
+def test_origin_policy_draws_row_major_and_finishes_on_the_last_step(steps, step, seed, rows, width, density):
+    step = step % steps
+    g = torch.Generator().manual_seed(seed)
+    cand = torch.rand(rows, width, generator=g) < density
+    policy = OriginPolicy(DreamSchedule(steps))
+    commit = policy.select(None, None, cand, None, step, torch.Generator().manual_seed(seed))
+    assert commit.dtype == torch.bool and not (commit & ~cand).any()
+    if step == steps - 1:
+        assert commit.equal(cand)
+        return
+    # the same uniforms, drawn over the flattened candidates in row-major order, decide
+    u = torch.rand(int(cand.sum()), generator=torch.Generator().manual_seed(seed))
+    frac = float(policy.schedule.transfer_fraction(step))
+    expected = torch.zeros_like(cand)
+    expected[cand] = u < frac
+    assert commit.equal(expected)

@@ -5,11 +5,31 @@ from dataclasses import dataclass
 import torch
 
 
+def left_padded(prompts: list[list[int]], tail: int, pad_id: int, fill_id: int):
+    """The one canvas layout, shared by decoding and training: each prompt left-padded with
+    `pad_id` to the longest prompt length P, then `tail` columns of `fill_id` (MASK when decoding;
+    the answer and end-of-text padding are written there when training).
+    Returns x (B, P + tail) ids, positions (B, P + tail) counted from each row's first real
+    token (0 on padding), and key_mask (B, P + tail), True = real token, or None when no row
+    is padded."""
+    lengths = torch.tensor([len(p) for p in prompts])
+    P = int(lengths.max())
+    x = torch.full((len(prompts), P + tail), fill_id, dtype=torch.long)
+    x[:, :P] = pad_id
+    for r, p in enumerate(prompts):  # host-side setup, once per batch
+        x[r, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+    pad = (P - lengths)[:, None]
+    cols = torch.arange(P + tail)[None, :]
+    positions = (cols - pad).clamp(min=0)
+    key_mask = (cols >= pad) if bool((pad > 0).any()) else None
+    return x, positions, key_mask
+
+
 @dataclass
 class Canvas:
     """Prompts are left-padded to a common length P so that block boundaries are the same
     columns in every row; padding is masked out of attention and positions count from each
-    row's first real token. Finished rows leave the batch through `select`."""
+    row's first real token (`left_padded`). Finished rows leave the batch through `select_rows`."""
 
     x: torch.Tensor  # (B, L) token ids: [pad.. prompt | gen_length masks]
     positions: torch.Tensor  # (B, L) RoPE positions
@@ -21,24 +41,14 @@ class Canvas:
     def build(
         cls, prompts: list[list[int]], gen_length: int, mask_id: int, pad_id: int, device: torch.device
     ) -> "Canvas":
-        lengths = torch.tensor([len(p) for p in prompts])
-        P = int(lengths.max())
-        x = torch.full((len(prompts), P + gen_length), mask_id, dtype=torch.long)
-        x[:, :P] = pad_id
-        for r, p in enumerate(prompts):  # host-side setup, once per request batch
-            x[r, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
-        pad = (P - lengths)[:, None]
-        cols = torch.arange(P + gen_length)[None, :]
-        positions = (cols - pad).clamp(min=0)
-        key_mask = (cols >= pad) if bool((pad > 0).any()) else None
-        rows = torch.arange(len(prompts))
+        x, positions, key_mask = left_padded(prompts, gen_length, pad_id, mask_id)
         to = dict(device=device)
         return cls(
             x.to(**to),
             positions.to(**to),
             None if key_mask is None else key_mask.to(**to),
-            rows.to(**to),
-            P,
+            torch.arange(len(prompts), device=device),
+            x.shape[1] - gen_length,
         )
 
     @property

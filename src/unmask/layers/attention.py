@@ -1,4 +1,5 @@
-"""Bidirectional attention with an optional key-padding mask and an optional KV buffer."""
+"""Attention with an optional boolean mask (key padding; causality for the autoregressive twin)
+and an optional KV buffer. Without a mask it is fully bidirectional, as diffusion models attend."""
 
 from typing import Protocol
 

@@ -60,7 +60,8 @@ class TokenIds:
 
 
 class DiffusionLM(nn.Module):
-    """Base class: a bidirectional transformer that maps token ids to logits.
+    """Base class: a transformer that maps token ids to logits; bidirectional for diffusion models,
+    causal when `config.causal` (the autoregressive twin).
 
     forward(input_ids (B, q), positions (B, q), kv, kv_start, key_mask (B, Lk), logits_slice)
       -> logits (B, n, V) for the hidden positions selected by `logits_slice` (all q if None).

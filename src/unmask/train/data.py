@@ -1,8 +1,9 @@
 """Tokenizer and batches for the task suite.
 
-Layout matches decoding exactly: [pad.. BOS prompt | answer, end-of-text padding to gen_length].
-Prompts are left-padded with <|pad|> (masked out of attention, positions counted from the first
-real token), so a trained model sees at training time the canvas it decodes at inference time.
+Layout is decoding's, by construction (one function, unmask.engine.canvas.left_padded):
+[pad.. BOS prompt | answer, end-of-text padding to gen_length]. Prompts are left-padded with
+<|pad|> (masked out of attention, positions counted from the first real token), so a trained
+model sees at training time the canvas it decodes at inference time.
 """
 
 import random
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from unmask.engine.canvas import left_padded
 from unmask.tasks import TASKS, Example, held_out
 from unmask.tasks.suite import GENERATORS, vocabulary
 
@@ -107,16 +109,11 @@ def _encode(examples: list[Example], tok: Tokenizer, gen_length: int) -> list[tu
 
 
 def _batch(enc: list[tuple[list[int], list[int]]], tok: Tokenizer, gen_length: int) -> Batch:
+    """Decoding's own canvas layout (unmask.engine.canvas.left_padded), with each answer and its
+    end-of-text padding written where decoding has masks."""
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    P = max(len(p) for p, _ in enc)
-    B = len(enc)
-    ids = torch.full((B, P + gen_length), eos, dtype=torch.long)
-    pads = torch.tensor([P - len(p) for p, _ in enc])
-    for r, (p, a) in enumerate(enc):
-        ids[r, : P - len(p)] = pad
-        ids[r, P - len(p) : P] = torch.tensor(p)
+    ids, positions, key_mask = left_padded([p for p, _ in enc], gen_length, pad, eos)
+    P = ids.shape[1] - gen_length
+    for r, (_, a) in enumerate(enc):
         ids[r, P : P + len(a)] = torch.tensor(a)
-    cols = torch.arange(P + gen_length)[None, :]
-    positions = (cols - pads[:, None]).clamp(min=0)
-    key_mask = cols >= pads[:, None] if bool((pads > 0).any()) else None
     return Batch(ids, positions, key_mask, P, torch.tensor([len(a) for _, a in enc]))
