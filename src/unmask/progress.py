@@ -5,10 +5,12 @@ import time
 
 
 class Progress:
-    def __init__(self, total: int, label: str = "", enabled: bool | None = None, unit: str = "it") -> None:
+    def __init__(self, total: int, label: str = "", enabled: bool | None = None, unit: str = "it",
+                 start: int = 0) -> None:
+        """`start`: units already done before this run (a resumed job); the rate counts new ones."""
         self.total, self.label, self.unit = max(total, 1), label, unit
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.done = 0
+        self.done = self.start = start
         self.t0 = time.perf_counter()
 
     def update(self, n: int = 1, extra: str = "") -> None:
@@ -18,7 +20,7 @@ class Progress:
         width = 30
         filled = int(width * min(self.done, self.total) / self.total)
         elapsed = time.perf_counter() - self.t0
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.start) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         sys.stderr.write(f"\r{self.label}[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
                          f"{rate:.2f} {self.unit}/s eta {eta / 60:.1f} min {extra}   ")

@@ -11,19 +11,11 @@ import torch
 from unmask.errors import UnmaskError
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
+from unmask.progress import Progress
 from unmask.train.data import TaskSampler, build_tokenizer, make_batches
 from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token_ids, train_step
 
 STATE = "trainer_state.pt"
-
-
-def _progress(step: int, total: int, loss: float, rate: float, extra: str = "") -> None:
-    width = 30
-    done = int(width * step / total)
-    eta = (total - step) / rate if rate > 0 else 0
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} loss {loss:.4f} "
-                     f"{rate:.2f} it/s eta {eta / 60:.1f} min {extra}   ")
-    sys.stderr.flush()
 
 
 def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
@@ -83,7 +75,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
         gen.set_state(saved["generator"])
         step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
     mask_id = tok.token_to_id("<|mdm_mask|>")
-    t0, last = time.time(), step
+    t0 = time.time()
     smooth = saved.get("smooth") if resume else None  # the logged loss is smoothed across parts too
 
     def checkpoint(final: bool = False) -> None:
@@ -97,6 +89,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
         (out / (STATE + ".tmp")).replace(state_path)
 
     stop = cfg.steps if until is None else min(until, cfg.steps)
+    bar = Progress(cfg.steps, enabled=progress, start=step)
     while step < stop:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
@@ -119,9 +112,6 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
                 history.append(record)
             if step == stop:
                 checkpoint()
-        if progress:
-            rate = (step - last) / max(time.time() - t0, 1e-9)
-            _progress(step, cfg.steps, smooth, rate)
-    if progress:
-        sys.stderr.write("\n")
+        bar.update(1, f"loss {smooth:.4f}")
+    bar.close()
     return {"steps": step, "loss": smooth, "history": history[-1] if history else None}

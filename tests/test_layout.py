@@ -1,0 +1,46 @@
+"""Imports point one way (docs/architecture.md): a module imports only from lower layers."""
+
+import ast
+from pathlib import Path
+
+import unmask
+
+ROOT = Path(unmask.__file__).parent
+# higher imports lower; equal ranks may not import each other
+RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "compat": 3, "params": 4,
+        "engine": 5, "llm": 6, "evaluate": 7, "bench": 8, "train": 8, "cli": 9}
+LEAVES = {"errors", "progress", "tasks"}  # import nothing of unmask but errors; anyone may use them
+
+
+def _unit(path: Path) -> str:
+    return path.relative_to(ROOT).with_suffix("").parts[0]
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        out |= {n.split(".")[1] for n in names if n.startswith("unmask.")}
+    return out
+
+
+def test_imports_point_one_way():
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        unit = _unit(path)
+        if unit in ("__init__", "__main__"):
+            continue
+        for target in _imports(path) - {unit}:
+            if unit in LEAVES:
+                ok = target == "errors"
+            else:
+                ok = target in LEAVES or RANK[target] < RANK[unit]
+            if not ok:
+                bad.append(f"{path.relative_to(ROOT)} imports unmask.{target}")
+    assert not bad, bad
+
+
+def test_every_unit_has_a_rank():
+    units = {_unit(p) for p in ROOT.rglob("*.py")} - {"__init__", "__main__"}
+    assert units <= set(RANK) | LEAVES, units - set(RANK) - LEAVES
