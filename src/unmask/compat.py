@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from unmask.errors import UnmaskError
-from unmask.sampler.policy import CommitPolicy, FixedPolicy, make_policy
+from unmask.sampler.policy import CommitPolicy, FactorPolicy, FixedPolicy, make_policy
 from unmask.sampler.proposal import ProposalConfig
 from unmask.sampler.schedule import EvenSchedule, Schedule
 
@@ -30,7 +30,8 @@ class LoopRules:
     candidates_before_block_end: bool = False
     # run exactly steps_per_block forwards per block, even after the block is complete
     run_all_steps: bool = False
-    # score the whole recomputed window, so random draws have the reference's shapes
+    # score and select over the whole recomputed window (non-candidates at -inf), so that random
+    # draws and the selection among equal confidences see the reference's own shapes
     score_full_window: bool = False
     # stop a row once it has committed end of text (the references decode the whole canvas)
     early_stop: bool = True
@@ -89,6 +90,23 @@ class CompatMode:
         raise NotImplementedError
 
 
+def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """torch.topk(confidence_row, k) with non-candidates at -inf, as LLaDA's `generate`, Fast-dLLM's
+    factor rule and Dream's `_sample` select: among exactly equal confidences torch.topk's choice
+    depends on the row length and k (not simply the lowest index), so a token-exact port makes the
+    same call on the same row. Rows are grouped by k into one batched call per distinct k (on CPU
+    a batched topk picks what per-row calls pick; tests/test_compat.py checks it)."""
+    conf = score.masked_fill(~candidates, -torch.inf)
+    out = torch.zeros_like(candidates)
+    for kk in k.unique().tolist():  # one host read per step; usually a single k
+        if kk <= 0:
+            continue
+        rows = (k == kk).nonzero().squeeze(-1)
+        idx = torch.topk(conf[rows], kk, dim=-1).indices
+        out[rows[:, None], idx] = True
+    return out & candidates
+
+
 def _gumbel_proposal(p: Any, mask_id: int, precision: torch.dtype, random_dtype: torch.dtype,
                      need_entropy: bool) -> ProposalConfig:
     """LLaDA's and Fast-dLLM's proposal: Gumbel-max in float64, confidence gathered from a full
@@ -111,7 +129,9 @@ class FastDLLM(CompatMode):
     caches = ("none", "prefix", "dual")
 
     def parts(self, p, mask_id):
-        policy = make_policy(p)
+        # fixed: a descending sort of the full row, first k (the latest get_transfer_index); factor:
+        # torch.topk per row; threshold: argmax, which picks the first of equal maxima on any row
+        policy = FactorPolicy(p.factor, top=topk_rows) if p.policy == "factor" else make_policy(p)
         # the factor path draws float32 uniforms for 'random'; get_transfer_index float64
         random_dtype = torch.float32 if p.policy == "factor" else torch.float64
         proposal = _gumbel_proposal(p, mask_id, torch.float64, random_dtype, policy.needs_entropy)
@@ -131,7 +151,7 @@ class LLaDA(CompatMode):
 
     def parts(self, p, mask_id):
         proposal = _gumbel_proposal(p, mask_id, torch.float32, torch.float32, False)
-        return proposal, FixedPolicy(), EvenSchedule(p.steps_per_block)
+        return proposal, FixedPolicy(top=topk_rows), EvenSchedule(p.steps_per_block)
 
 
 DREAM_ALGS = {"origin": "prob", "maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}
@@ -164,7 +184,7 @@ class Dream(CompatMode):
 
     def parts(self, p, mask_id):
         schedule = DreamSchedule(p.total_steps, p.eps)
-        policy = OriginPolicy(schedule) if p.alg == "origin" else FixedPolicy()
+        policy = OriginPolicy(schedule) if p.alg == "origin" else FixedPolicy(top=topk_rows)
         proposal = ProposalConfig(mask_id=mask_id, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                                   confidence=DREAM_ALGS[p.alg], sampling="categorical")
         return proposal, policy, schedule

@@ -19,9 +19,10 @@ from unmask.cache.policy import CACHES
 from unmask.compat import COMPAT_MODES, DREAM_ALGS, get_mode
 from unmask.errors import UnmaskError
 from unmask.sampler.policy import POLICIES
+from unmask.sampler.proposal import CONFIDENCES
 
 REMASKING = ("low_confidence", "random")
-CONFIDENCE_NAMES = ("prob", "margin", "neg_entropy")
+CONFIDENCE_NAMES = tuple(c for c in CONFIDENCES if c != "random")  # "random" is what remasking=random uses
 
 
 # A check takes (name, value) and returns None or the whole message, naming both.

@@ -13,7 +13,7 @@ from unmask.engine.canvas import Canvas, finished_rows, retire_rows
 from unmask.engine.parts import DecodeParts, build_parts
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
-from unmask.sampler.proposal import Proposal, propose
+from unmask.sampler.proposal import propose
 
 
 @dataclass
@@ -59,11 +59,6 @@ def _forward(model: DiffusionLM, c: Canvas, kv: StaticKV | None, plan: ForwardPl
     if shift:
         logits = torch.cat([logits[:, :shift], logits[:, :-shift]], dim=1)
     return logits
-
-
-def _slice(p: Proposal, a: int, b: int) -> Proposal:
-    ent = None if p.entropy is None else p.entropy[:, a:b]
-    return Proposal(p.tokens[:, a:b], p.score[:, a:b], ent)
 
 
 class _Decoder:
@@ -122,12 +117,18 @@ class _Decoder:
         lo = P if (plan.refresh and rules.candidates_before_block_end) else s
         logits = _forward(self.model, c, self.kv, plan, lo, e, rules.score_full_window)
         prop = propose(logits, parts.proposal, self.gen)
-        if rules.score_full_window:
-            prop = _slice(prop, lo - plan.start, e - plan.start)
         cand = c.x[:, lo:e] == mask
         quota = parts.schedule.quota(i, cand.sum(-1)) if parts.policy.uses_schedule else None
-        commit = parts.policy.select(prop.score, prop.entropy, cand, quota, i, self.gen)
-        c.x[:, lo:e] = torch.where(commit, prop.tokens, c.x[:, lo:e])
+        if rules.score_full_window:  # select over the reference's row: the whole recomputed window
+            a, z = lo - plan.start, e - plan.start
+            wide = torch.zeros_like(prop.tokens, dtype=torch.bool)
+            wide[:, a:z] = cand
+            commit = parts.policy.select(prop.score, prop.entropy, wide, quota, i, self.gen)[:, a:z]
+            tokens = prop.tokens[:, a:z]
+        else:
+            commit = parts.policy.select(prop.score, prop.entropy, cand, quota, i, self.gen)
+            tokens = prop.tokens
+        c.x[:, lo:e] = torch.where(commit, tokens, c.x[:, lo:e])
 
         per_row = commit.sum(-1)
         logged = torch.full((self.out.shape[0],), -1, dtype=torch.long, device=per_row.device)

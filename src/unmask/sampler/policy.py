@@ -9,7 +9,8 @@ how it is built from the parameters; `@register` adds it to POLICIES. The CLI fl
 grid and the lm-eval arguments are derived from that, so a new policy is one class here.
 """
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -72,7 +73,10 @@ class _Registered:
 
 
 def take_top(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """The k[b] highest-scoring candidates of each row b (descending sort, first k)."""
+    """The k[b] highest-scoring candidates of each row b: a descending sort of the row with
+    non-candidates at -inf, first k. Among exactly equal scores the sort decides, which depends on
+    the row's length (native modes pass the window [block start or prompt end, block end); compat
+    modes pass the reference's own row and, where the reference calls torch.topk, its selector)."""
     s = score.masked_fill(~candidates, -torch.inf)
     order = torch.sort(s, dim=-1, descending=True).indices
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(s.shape[-1], device=s.device).expand_as(order))
@@ -97,6 +101,7 @@ class FixedPolicy(_Registered):
     name: ClassVar[str] = "fixed"
     bench_knob: ClassVar[str] = "tokens per step"
     uses_schedule: ClassVar[bool] = True
+    top: Callable = field(default=take_top, repr=False)  # how the k best are picked (compat: the reference's call)
 
     @classmethod
     def implied_by(cls) -> tuple[str, ...]:
@@ -114,7 +119,7 @@ class FixedPolicy(_Registered):
         return {"policy": cls.name, "steps": gen_length // k}
 
     def select(self, score, entropy, candidates, quota, step, generator):
-        return take_top(score, candidates, quota)
+        return self.top(score, candidates, quota)
 
 
 @register
@@ -145,6 +150,7 @@ class FactorPolicy(_Registered):
     knob: ClassVar[str] = "factor"
     bench_knob: ClassVar[str] = "factor"
     factor: float
+    top: Callable = field(default=take_top, repr=False)
 
     def select(self, score, entropy, candidates, quota, step, generator):
         sorted_s, valid, n = _sorted_candidates(score, candidates)
@@ -155,7 +161,7 @@ class FactorPolicy(_Registered):
         first = torch.where(fails.any(-1), fails.float().argmax(-1), n - 1)
         k = first + ((first == 0) | (first == n - 1)).long()
         k = torch.where(n > 0, k, torch.zeros_like(k))
-        return take_top(score, candidates, k)
+        return self.top(score, candidates, k)
 
 
 @register
