@@ -9,11 +9,14 @@ generation_config.json recommends, else threshold 0.9 with DualCache); `eval`, `
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
+import warnings
 from dataclasses import asdict, fields
 
-from unmask.errors import UnmaskError
+from unmask.errors import UnmaskError, UnmaskWarning
 from unmask.params import FAST, PARAM_FIELDS, GenerationParams, check_fields, coerce, field_type, resolve_params
 
 MODEL_HELP = ("local checkpoint folder (LLaDA or Dream layout); 'default' is the embedded model (the default), "
@@ -92,6 +95,8 @@ def parse_tasks(text: str | None) -> dict[str, float] | None:
             out[name] = float(weight) if weight else 1.0
         except ValueError:
             raise UnmaskError(f"task weight {weight!r} for {name!r} is not a number") from None
+        if not (math.isfinite(out[name]) and out[name] > 0):
+            raise UnmaskError(f"task weight {weight!r} for {name!r} must be a finite number > 0")
     if not out:
         raise UnmaskError(f"--tasks {text!r} names no task")
     return out
@@ -117,7 +122,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise UnmaskError("empty prompt")
     given_params(a)  # reject a bad flag before loading anything
     llm = _load(a)
-    params = params_from_args(a, llm.generation_defaults)
+    params = _params_for(llm, a, fast=True)
     prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
     out = llm.generate(prompts, params, chat=a.chat)
     policy = "autoregressive" if llm.arch.causal else params.policy
@@ -157,7 +162,22 @@ def _load_for_eval(a: argparse.Namespace):
     _positive("batch-size", a.batch_size)
     given_params(a)
     llm = _load(a)
-    return llm, params_from_args(a, llm.generation_defaults, fast=False)
+    return llm, _params_for(llm, a, fast=False)
+
+
+AR_FLAGS = ("gen_length", "temperature", "seed")
+
+
+def _params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
+    """The decoding parameters for this model: an autoregressive model takes only AR_FLAGS."""
+    if llm.arch.causal:
+        ignored = [n for n in given_params(a) if n not in AR_FLAGS]
+        if ignored:
+            flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
+            raise UnmaskError(f"{flags}: not used by an autoregressive model (it decodes one token per forward "
+                              f"with its KV cache); it takes {', '.join('--' + f.replace('_', '-') for f in AR_FLAGS)}")
+        fast = False
+    return params_from_args(a, llm.generation_defaults, fast)
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
@@ -240,7 +260,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     given = {"kind": a.kind, "steps": a.steps, "init_from": a.init_from, "tasks": parse_tasks(a.tasks)}
     given |= {f.replace("-", "_"): getattr(a, f.replace("-", "_")) for f, _ in TRAIN_FLAGS}
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}).check()
-    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet, until=a.until)
+    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet, until=a.until, overwrite=a.overwrite)
     print(json.dumps(summary))
     return 0
 
@@ -265,12 +285,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from unmask.bench.runner import run_grid, with_ar_twin
     from unmask.llm import LLM
 
+    out = Path(a.out)  # made and checked before anything is measured
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = out / f"bench-{stamp}.json"
+    _writable(out)
     diffusion = LLM(a.model)
     ar = None if a.ar_model == "none" else LLM(a.ar_model)
     gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
 
-    def progress(i, total, row):
+    def progress(i, total, run):
+        _write_json(path, {**run, "complete": False})  # an interrupted run keeps what it measured
+        row = run["results"][-1]
         if not a.quiet:
             print(f"\r[{i}/{total}] {row['label']:34} acc {100 * row['accuracy']:5.1f}%  "
                   f"{row['tokens_per_s']:7.1f} tok/s  NFE {row['nfe_per_request']:5.1f}", file=sys.stderr)
@@ -280,16 +306,30 @@ def cmd_bench(a: argparse.Namespace) -> int:
     bar.enabled = bar.enabled and not a.quiet
     run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update)
     bar.close()
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
     run["headline"] = headline(run)
-    (out / f"bench-{stamp}.json").write_text(json.dumps(run, indent=2))
-    plot_pareto(run, str(out / f"bench-{stamp}.png"))
+    _write_json(path, {**run, "complete": True})
+    plot_pareto(run, str(path.with_suffix(".png")))
     print(format_table(run))
     print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
-    print(f"wrote {out / f'bench-{stamp}.json'} and .png", file=sys.stderr)
+    print(f"wrote {path} and .png", file=sys.stderr)
     return 0
+
+
+def _writable(folder) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UnmaskError(f"cannot write to {folder}: {e.strerror or e}") from None
+
+
+def _write_json(path, obj) -> None:
+    """Replace `path` atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    tmp.replace(path)
 
 
 def cmd_roofline(a: argparse.Namespace) -> int:
@@ -347,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the embedded model (masked diffusion) or its AR twin")
     t.add_argument("--out", required=True, help="run folder (trainer state + model/ checkpoint)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it holds another run or other files")
     t.add_argument("--until", type=int, default=None,
                    help="stop after this step with a checkpoint (continue later with --resume)")
     t.add_argument("--kind", default="diffusion", help="diffusion or ar")
@@ -411,8 +453,18 @@ COMMANDS = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roo
             "bench": cmd_bench, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval}
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    if issubclass(category, UnmaskWarning):
+        return f"unmask: warning: {message}\n"
+    return _plain_format(message, category, filename, lineno, line)
+
+
+_plain_format = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _format_warning
     try:
         if argv[:1] == ["lm-eval"]:  # everything after it belongs to lm-eval's own parser
             return cmd_lm_eval(argparse.Namespace(args=argv[1:]))
@@ -426,3 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error
         sys.stderr.close()
         return 0
+    except Exception as e:  # a bug, not bad input: one line, status 1; the traceback on request
+        if os.environ.get("UNMASK_DEBUG"):
+            raise
+        print(f"unmask: internal error: {type(e).__name__}: {e} (a bug; UNMASK_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1

@@ -11,3 +11,7 @@ class UnmaskError(ValueError):
 
 class CheckpointError(UnmaskError):
     """A checkpoint folder is missing files, has unknown architecture, or mismatching tensors."""
+
+
+class UnmaskWarning(UserWarning):
+    """Input that was used but may not mean what the user intended (named in the message)."""

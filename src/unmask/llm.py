@@ -1,5 +1,6 @@
 """Offline front end: load a checkpoint folder once, generate for batches of prompts."""
 
+import numbers
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,10 +10,10 @@ import torch
 from unmask.compat import get_mode
 from unmask.engine.ar import decode_ar
 from unmask.engine.loop import Decoded, StepRecord, decode
-from unmask.errors import UnmaskError
+from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.loader import load_model, read_json
-from unmask.params import MODEL_DEFAULT_KEYS, GenerationParams, resolve_params
+from unmask.params import MODEL_DEFAULT_KEYS, GenerationParams, check_fields, resolve_params
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
 
@@ -65,11 +66,17 @@ class LLM:
         """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
         its autoregressive twin."""
         self.path = resolve_model_path(model)
-        self.model, self.config = load_model(self.path, dtype=dtype, device=device)
+        if dtype is not None and not isinstance(dtype, str):
+            raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
+        self.model, self.config = load_model(self.path, dtype=dtype, device=check_device(device))
         gen_path = self.path / "generation_config.json"
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
+        if not isinstance(self.generation_config, dict):
+            raise CheckpointError(f"{gen_path} must hold a JSON object")
         self.tokenizer = Tokenizer.from_dir(self.path)
         self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer)
+        check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
+        self._check_generation_config(gen_path)
 
     @classmethod
     def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds) -> "LLM":
@@ -78,6 +85,13 @@ class LLM:
         llm.path, llm.config, llm.generation_config = None, {}, {}
         llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
         return llm
+
+    def _check_generation_config(self, path: Path) -> None:
+        """The decoding settings a checkpoint recommends must themselves be valid."""
+        try:
+            check_fields(self.generation_defaults)
+        except UnmaskError as e:
+            raise CheckpointError(f"{path}: {e}") from None
 
     @property
     def generation_defaults(self) -> dict:
@@ -89,37 +103,50 @@ class LLM:
 
     def default_params(self, **given) -> GenerationParams:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
-        defaults (threshold 0.9 with DualCache). What `generate` uses when given no parameters."""
-        return resolve_params(given, self.generation_defaults, fast=True)
+        defaults (threshold 0.9 with DualCache; not for an autoregressive model). What `generate`
+        uses when given no parameters."""
+        return resolve_params(given, self.generation_defaults, fast=not self.arch.causal)
 
     @property
     def arch(self):
         return self.model.config
 
-    def encode(self, prompts: str | list[str], chat: bool | None = None) -> list[list[int]]:
+    def encode(self, prompts: str | list[str], chat: bool | None = None, unknown_words: str = "error") -> list[list[int]]:
+        """Text prompts as token ids. Words the tokenizer cannot represent (it would read them as
+        its unknown token) are named in an error, or with unknown_words="ignore" let through (the
+        evaluation harnesses count them and warn once per run)."""
+        if unknown_words not in ("error", "ignore"):
+            raise UnmaskError(f"unknown_words {unknown_words!r} must be 'error' or 'ignore'")
         if isinstance(prompts, str):
             prompts = [prompts]
+        if chat is not None and not isinstance(chat, bool):
+            raise UnmaskError(f"chat {chat!r} must be True, False or None")
         use_chat = self.tokenizer.chat_template is not None if chat is None else chat
         out = []
-        for p in prompts:
+        for r, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise UnmaskError(f"prompt {r} is a {type(p).__name__}; prompts are all strings or all lists of token ids")
             if not p.strip():
-                raise UnmaskError("empty prompt")
+                raise UnmaskError(f"prompt {r} is empty")
+            unknown = self.tokenizer.unknown_words(p) if unknown_words == "error" else []
+            if unknown:
+                raise UnmaskError(f"prompt {r}: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}"
+                                  + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
             out.append(self.tokenizer.encode_prompt(p, use_chat))
         return out
 
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
-        params: GenerationParams | None = None,
+        params: GenerationParams | dict | None = None,
         chat: bool | None = None,
+        unknown_words: str = "error",
     ) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
-        `chat` is not False) or lists of token ids. Without `params`: `default_params()`."""
-        params = params.check() if params is not None else self.default_params()
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], str)):
-            ids = self.encode(prompts, chat)
-        else:
-            ids = [list(map(int, p)) for p in prompts]
+        `chat` is not False) or lists of token ids. Without `params`: `default_params()`; a dict
+        names GenerationParams fields. Out-of-vocabulary words: see `encode`."""
+        params = self._params(params)
+        ids = self._prompt_ids(prompts, chat, unknown_words)
         self._check_prompts(ids, params)
         t0 = time.perf_counter()
         if self.arch.causal:  # an autoregressive twin: KV-cached next-token decoding
@@ -128,6 +155,53 @@ class LLM:
             decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
         return BatchOutput(self._results(decoded, params), decoded.steps, seconds, decoded.cache, decoded.prompt_len)
+
+    def _params(self, params) -> GenerationParams:
+        if params is None:
+            return self.default_params()
+        if isinstance(params, dict):  # GenerationParams' fields by name, then the model's defaults
+            return self.default_params(**params)
+        if not isinstance(params, GenerationParams):
+            raise UnmaskError(f"params must be a GenerationParams or a dict of its fields, not {type(params).__name__}")
+        if not self.arch.causal:
+            return params.check()
+        if self.arch.causal:  # block_length and steps do not apply, so neither do the rules between them
+            ignored = [f for f in AR_IGNORED if getattr(params, f) != getattr(_REFERENCE, f)]
+            if ignored:
+                verb = "does" if len(ignored) == 1 else "do"
+                raise UnmaskError(f"{', '.join(ignored)} {verb} not apply to an autoregressive model (it decodes one "
+                                  "token per forward with its KV cache; gen_length, temperature and seed apply)")
+        return params
+
+    def _prompt_ids(self, prompts, chat, unknown_words: str) -> list[list[int]]:
+        if isinstance(prompts, str):
+            return self.encode(prompts, chat, unknown_words)
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dtype.is_floating_point or prompts.dtype == torch.bool or prompts.dim() not in (1, 2):
+                raise UnmaskError(f"a tensor of prompts must hold integer ids in 1 or 2 dimensions, not {prompts.dtype} "
+                                  f"of shape {tuple(prompts.shape)}")
+            prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+        if not isinstance(prompts, (list, tuple)):
+            raise UnmaskError(f"prompts must be a string, a list of strings or a list of token-id lists, "
+                              f"not {type(prompts).__name__}")
+        if not prompts:
+            raise UnmaskError("no prompts given")
+        kinds = [isinstance(p, str) for p in prompts]
+        if all(kinds):
+            return self.encode(list(prompts), chat, unknown_words)
+        if any(kinds):
+            r = kinds.index(False)
+            raise UnmaskError(f"prompts mix text and token ids (prompt {r} is a {type(prompts[r]).__name__}); "
+                              "give all strings or all lists of token ids")
+        ids = []
+        for r, p in enumerate(prompts):
+            if not isinstance(p, (list, tuple)):
+                raise UnmaskError(f"prompt {r} is a {type(p).__name__}; prompts are all strings or all lists of token ids")
+            bad = next((t for t in p if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+            if bad is not None:
+                raise UnmaskError(f"prompt {r}: token id {bad!r} is not an integer")
+            ids.append([int(t) for t in p])
+        return ids
 
     def _check_prompts(self, ids: list[list[int]], params: GenerationParams) -> None:
         if not ids:
@@ -174,6 +248,8 @@ EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar"}
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
+    if model is not None and not isinstance(model, (str, Path)):
+        raise UnmaskError(f"model {model!r} must be a folder path, 'default' or 'default-ar'")
     name = "default" if model is None else str(model)
     if name in EMBEDDED:
         path = EMBEDDED[name]
@@ -181,6 +257,44 @@ def resolve_model_path(model: str | Path | None) -> Path:
             raise UnmaskError(f"the embedded model {name!r} is not in this installation ({path})")
         return path
     return Path(model)
+
+
+# what an autoregressive model cannot honour: anything but the field's reference value is refused
+AR_IGNORED = ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget", "cache",
+              "refresh_interval", "top_k", "top_p", "compat", "alg", "early_stop")
+_REFERENCE = GenerationParams()
+
+
+def check_device(device) -> torch.device:
+    """A torch device that exists here, or an UnmaskError naming it."""
+    if not isinstance(device, (str, torch.device)):
+        raise UnmaskError(f"device {device!r} must be a name such as cpu or cuda")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UnmaskError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UnmaskError(f"device {device!r}: CUDA is not available on this machine")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise UnmaskError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise UnmaskError(f"device {device!r}: MPS is not available on this machine")
+    elif d.type not in ("cpu", "cuda", "mps"):
+        raise UnmaskError(f"device {device!r} is not supported; use cpu or cuda")
+    return d
+
+
+def check_token_ids(t: TokenIds, vocab: int, path) -> None:
+    """Every special id the checkpoint names lies inside the model's vocabulary."""
+    for name, value in (("mask", t.mask), ("eos", t.eos), ("pad", t.pad), ("bos", t.bos)):
+        if value is not None and not 0 <= value < vocab:
+            raise CheckpointError(f"{path}: {name} token id {value} is outside the model's vocabulary [0, {vocab})")
+    bad = [i for i in t.stop if not 0 <= i < vocab]
+    if bad:
+        raise CheckpointError(f"{path}: stop token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
+    if t.mask in t.stop or t.mask == t.pad:
+        raise CheckpointError(f"{path}: the mask token id {t.mask} is also an end-of-text or padding id")
 
 
 def default_device() -> str:

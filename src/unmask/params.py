@@ -76,6 +76,9 @@ class GenerationParams:
     eps: float = _param(1e-3, "Dream's timestep floor, with compat dream", _interval(0, 1, hi_open=True))
     early_stop: bool = _param(True, "stop a row once its end of text is committed", None)
 
+    def __post_init__(self) -> None:
+        check_fields(self.__dict__)  # every value's type and range, as soon as it is built
+
     @property
     def total_steps(self) -> int:
         return self.gen_length if self.steps is None else self.steps
@@ -93,8 +96,8 @@ class GenerationParams:
         return self if self.compat is None else get_mode(self.compat).resolve(self)
 
     def check(self) -> "GenerationParams":
-        """Validate and return the resolved parameters."""
-        check_fields(self.__dict__)
+        """Validate the rules between fields (each field was checked when built) and return the
+        resolved parameters."""
         p = self.resolved()
         if p.gen_length % p.block_length:
             raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
@@ -212,6 +215,7 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
     unknown = sorted(set(given) - set(PARAM_FIELDS))
     if unknown:
         raise UnmaskError(f"unknown generation parameter(s) {', '.join(unknown)}")
+    check_fields(given)
     model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULT_KEYS}
     values = canvas_shape(model_defaults, given)
     if fast and "compat" not in given:

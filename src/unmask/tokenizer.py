@@ -25,7 +25,10 @@ _END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>")
 
 
 def _content(tok) -> str | None:
-    return tok.get("content") if isinstance(tok, dict) else tok
+    value = tok.get("content") if isinstance(tok, dict) else tok
+    if value is not None and not isinstance(value, str):
+        raise CheckpointError(f"tokenizer_config.json: special token {tok!r} is not a string")
+    return value
 
 
 class Tokenizer:
@@ -46,7 +49,12 @@ class Tokenizer:
             except Exception as e:  # the tokenizers library raises a bare Exception on bad files
                 raise CheckpointError(f"{folder / 'tokenizer.json'} could not be read: {e}") from None
         elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
-            tok = _byte_level_bpe(folder, config)
+            try:
+                tok = _byte_level_bpe(folder, config)
+            except CheckpointError:
+                raise
+            except Exception as e:  # the tokenizers library raises a bare Exception on bad files
+                raise CheckpointError(f"{folder}: vocab.json / merges.txt / added tokens could not be read: {e}") from None
         else:
             raise CheckpointError(f"{folder}: no tokenizer.json (or vocab.json + merges.txt)")
         template = None
@@ -67,6 +75,17 @@ class Tokenizer:
         """A special token string from tokenizer_config.json, e.g. special('eos_token')."""
         return _content(self.config.get(name))
 
+    def unknown_words(self, text: str) -> list[str]:
+        """Pieces of `text` that this tokenizer can only read as its unknown token (word-level
+        vocabularies have one; byte-level BPE, as LLaDA's and Dream's, represents any text)."""
+        unk = getattr(self.tok.model, "unk_token", None)
+        unk_id = self.tok.token_to_id(unk) if unk else None
+        if unk_id is None:
+            return []
+        enc = self.tok.encode(text, add_special_tokens=False)
+        words = (text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == unk_id)
+        return [w for w in words if w != unk]
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -76,13 +95,17 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
             raise CheckpointError("this tokenizer has no chat template")
-        if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(self.chat_template)
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
         specials = {n: self.special(n) or "" for n in names}
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+        try:
+            if self._template is None:
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                    extensions=["jinja2.ext.loopcontrols"])
+                env.globals["raise_exception"] = _raise
+                self._template = env.from_string(self.chat_template)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+        except jinja2.exceptions.TemplateError as e:
+            raise CheckpointError(f"the checkpoint's chat template failed: {e}") from None
 
     def encode_prompt(self, text: str, chat: bool) -> list[int]:
         """A user prompt as ids: rendered through the chat template (which writes its own BOS) or
@@ -117,25 +140,34 @@ def _byte_level_bpe(folder: Path, config: dict) -> HFTokenizer:
     return tok
 
 
-def _ids(value) -> list[int]:
+def _ids(value, name: str = "token id") -> list[int]:
     if value is None:
         return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise CheckpointError(f"{name} {value!r} must be a non-negative integer or a list of them")
+    return list(values)
 
 
 def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> TokenIds:
     """Mask, EOS, pad, BOS and stop ids from config.json, generation_config.json and the tokenizer."""
     mask = config.get("mask_token_id")
+    if mask is not None:
+        given = _ids(mask, "config.json: mask_token_id")
+        if len(given) != 1:
+            raise CheckpointError(f"config.json: mask_token_id {mask!r} must be one token id")
+        mask = given[0]
     if mask is None:
         mask = next((tok.token_id(s) for s in _MASK_STRINGS if tok.token_id(s) is not None), None)
     if mask is None:
         raise CheckpointError("no mask token: config.json has no mask_token_id and the tokenizer has no mask token")
-    eos_list = _ids(config.get("eos_token_id")) or _ids(tok.token_id(tok.special("eos_token")))
+    eos_list = _ids(config.get("eos_token_id"), "config.json: eos_token_id") or _ids(tok.token_id(tok.special("eos_token")))
     if not eos_list:
         raise CheckpointError("no end-of-text token: config.json has no eos_token_id and tokenizer_config.json no eos_token")
-    pad = _ids(config.get("pad_token_id")) or _ids(tok.token_id(tok.special("pad_token")))
-    bos = _ids(config.get("bos_token_id")) or _ids(tok.token_id(tok.special("bos_token")))
-    stop = set(eos_list) | set(_ids(generation_config.get("eos_token_id")))
+    pad = _ids(config.get("pad_token_id"), "config.json: pad_token_id") or _ids(tok.token_id(tok.special("pad_token")))
+    bos = _ids(config.get("bos_token_id"), "config.json: bos_token_id") or _ids(tok.token_id(tok.special("bos_token")))
+    stop = set(eos_list) | set(_ids(generation_config.get("eos_token_id"), "generation_config.json: eos_token_id"))
     stop |= set(_ids(tok.token_id(tok.special("eos_token"))))
     stop |= {i for i in (tok.token_id(s) for s in _END_OF_TURN_STRINGS) if i is not None}
     stop.discard(int(mask))

@@ -1,6 +1,9 @@
 """Pieces the GSM8K, HumanEval and lm-eval runners share."""
 
+import warnings
 from dataclasses import dataclass
+
+from unmask.errors import UnmaskWarning
 
 
 def cut_at_stop(text: str, stops) -> str:
@@ -22,9 +25,10 @@ class Batched:
 def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=None) -> Batched:
     """Plain-text prompts (no chat template) decoded `batch_size` at a time; `progress(k)` after
     each batch of k prompts."""
+    warn_unknown_words(llm, prompts)
     results, seconds = [], 0.0
     for i in range(0, len(prompts), batch_size):
-        out = llm.generate(prompts[i : i + batch_size], params, chat=False)
+        out = llm.generate(prompts[i : i + batch_size], params, chat=False, unknown_words="ignore")
         seconds += out.seconds
         results += out.results
         if progress:
@@ -32,3 +36,13 @@ def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=
     tokens = sum(r.num_tokens for r in results)
     nfe = sum(r.nfe for r in results) / max(len(results), 1)
     return Batched(results, nfe, tokens / seconds if seconds else 0.0, seconds)
+
+
+def warn_unknown_words(llm, prompts: list[str]) -> int:
+    """One warning for a whole run whose prompts hold words the tokenizer cannot represent (a
+    word-level vocabulary such as the embedded model's on GSM8K); returns how many prompts do."""
+    hits = [w for p in prompts for w in llm.tokenizer.unknown_words(p)[:1]]
+    if hits:
+        warnings.warn(UnmaskWarning(f"{len(hits)} of {len(prompts)} prompts hold words outside the model's "
+                                    f"vocabulary (read as its unknown token), e.g. {hits[0]!r}"), stacklevel=2)
+    return len(hits)

@@ -34,8 +34,28 @@ def load(split: str = "test", path: str | Path | None = None) -> list[Problem]:
         file = Path(path) / f"{split}.jsonl"
     else:
         file = DATA / ("gsm8k_test.jsonl" if split == "test" else "gsm8k_train_first8.jsonl")
-    with open(file, encoding="utf-8") as f:
-        return [Problem(**json.loads(line)) for line in f if line.strip()]
+    from unmask.errors import UnmaskError
+
+    if not file.is_file():
+        raise UnmaskError(f"GSM8K file {file} does not exist (--data needs train.jsonl and test.jsonl)")
+    out = []
+    try:
+        with open(file, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not (isinstance(row, dict) and isinstance(row.get("question"), str)
+                        and isinstance(row.get("answer"), str)):
+                    raise UnmaskError(f"{file}:{n}: each line must be an object with string fields question and answer")
+                out.append(Problem(row["question"], row["answer"]))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UnmaskError(f"{file} is not JSON lines: {e}") from None
+    except OSError as e:
+        raise UnmaskError(f"{file} could not be read: {e.strerror or e}") from None
+    if not out:
+        raise UnmaskError(f"{file} holds no problems")
+    return out
 
 
 def build_prompt(question: str, shots: list[Problem]) -> str:

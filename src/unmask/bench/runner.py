@@ -116,13 +116,18 @@ def context() -> dict:
 
 def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: list[str], n: int,
              progress=None, on_examples=None) -> dict:
-    """Measure every configuration (and the AR twin at each batch size). `progress(i, total, row)`
-    after each configuration, `on_examples(k)` after each decoded batch of k examples."""
+    """Measure every configuration (and the AR twin at each batch size). `progress(i, total, run)`
+    after each configuration, with the run so far (its last row just measured), `on_examples(k)`
+    after each decoded batch of k examples."""
     hw = measure_cpu()
     roof_d = _roofline(diffusion, hw)
     roof_a = _roofline(ar, hw) if ar is not None else None
     rows, baselines = [], {}
     configs = with_ar_twin(grid) if ar is not None else list(grid)
+    run = {"context": context(), "hardware_measured": hw.__dict__, "tasks": tasks, "n_per_task": n,
+           "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
+           "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None,
+           "configurations": len(configs), "results": rows}
     for i, cfg in enumerate(configs):
         llm, roof = (ar, roof_a) if cfg.policy == "ar" else (diffusion, roof_d)
         m = measure(llm, cfg, tasks, n, roof, on_examples)
@@ -130,7 +135,5 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
         base = baselines.get(cfg.batch) or next(iter(baselines.values()))
         rows.append(m.summary(base))
         if progress:
-            progress(i + 1, len(configs), rows[-1])
-    return {"context": context(), "hardware_measured": hw.__dict__, "tasks": tasks, "n_per_task": n,
-            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
-            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None, "results": rows}
+            progress(i + 1, len(configs), run)
+    return run

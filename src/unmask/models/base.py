@@ -1,10 +1,12 @@
 """What every model family exposes to the engine: a config, a forward that returns logits."""
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from unmask.errors import CheckpointError
 from unmask.layers.attention import KVBuffer
 from unmask.layers.rope import RotaryEmbedding
 
@@ -30,6 +32,27 @@ class ArchConfig:
     # causal attention: unmask's autoregressive twin models (an extension of the LLaDA layout)
     causal: bool = False
 
+    def __post_init__(self) -> None:
+        """A config that cannot describe a working model is refused by name."""
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                     "max_positions"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise CheckpointError(f"config.json: {name} {v!r} must be a positive integer")
+        for name in ("rope_theta", "norm_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise CheckpointError(f"config.json: {name} {v!r} must be a finite number > 0")
+            object.__setattr__(self, name, float(v))
+        if self.hidden_size % self.num_heads:
+            raise CheckpointError(f"config.json: hidden size {self.hidden_size} is not a multiple of the "
+                                  f"{self.num_heads} attention heads")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"config.json: {self.num_heads} attention heads are not a multiple of the "
+                                  f"{self.num_kv_heads} key/value heads")
+        if self.head_dim % 2:
+            raise CheckpointError(f"config.json: head size {self.head_dim} must be even for rotary embeddings")
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
@@ -42,6 +65,34 @@ class ArchConfig:
         if embeddings:
             total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return total
+
+
+_REQUIRED = object()
+
+
+def cfg_int(cfg: dict, key: str, default=_REQUIRED, family: str = "") -> int:
+    """An integer field of config.json (a JSON number with no fraction), or a CheckpointError."""
+    v = _get(cfg, key, default, family)
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise CheckpointError(f"config.json: {key} {v!r} must be an integer")
+    return v
+
+
+def cfg_float(cfg: dict, key: str, default=_REQUIRED, family: str = "") -> float:
+    v = _get(cfg, key, default, family)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise CheckpointError(f"config.json: {key} {v!r} must be a number")
+    return float(v)
+
+
+def _get(cfg: dict, key: str, default, family: str):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if default is _REQUIRED:
+        raise CheckpointError(f"config.json: {family + ' ' if family else ''}config lacks required field {key!r}")
+    return default
 
 
 @dataclass(frozen=True)

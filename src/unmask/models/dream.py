@@ -12,31 +12,31 @@ from unmask.errors import CheckpointError
 from unmask.layers.blocks import self_attention, swiglu
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
-from unmask.models.base import ArchConfig, DiffusionLM
+from unmask.models.base import ArchConfig, DiffusionLM, cfg_float, cfg_int
 
 
 def dream_arch(cfg: dict) -> ArchConfig:
     if cfg.get("rope_scaling"):
         raise CheckpointError(f"config.json: unsupported Dream option rope_scaling={cfg['rope_scaling']!r}")
-    try:
-        heads = int(cfg["num_attention_heads"])
-        return ArchConfig(
-            family="dream",
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_positions=int(cfg.get("max_position_embeddings", 2048)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=True,
-            logit_shift=1,
-        )
-    except KeyError as e:
-        raise CheckpointError(f"config.json: Dream config lacks required field {e.args[0]!r}") from None
+    heads = cfg_int(cfg, "num_attention_heads", family="Dream")
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise CheckpointError(f"config.json: tie_word_embeddings {tie!r} must be true or false")
+    return ArchConfig(
+        family="dream",
+        vocab_size=cfg_int(cfg, "vocab_size", family="Dream"),
+        hidden_size=cfg_int(cfg, "hidden_size", family="Dream"),
+        num_layers=cfg_int(cfg, "num_hidden_layers", family="Dream"),
+        num_heads=heads,
+        num_kv_heads=cfg_int(cfg, "num_key_value_heads", heads),
+        intermediate_size=cfg_int(cfg, "intermediate_size", family="Dream"),
+        rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
+        norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-6),
+        max_positions=cfg_int(cfg, "max_position_embeddings", 2048),
+        tie_embeddings=tie,
+        qkv_bias=True,
+        logit_shift=1,
+    )
 
 
 class _Attention(nn.Module):

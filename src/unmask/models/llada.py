@@ -8,7 +8,7 @@ from unmask.errors import CheckpointError
 from unmask.layers.blocks import self_attention, swiglu
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
-from unmask.models.base import ArchConfig, DiffusionLM
+from unmask.models.base import ArchConfig, DiffusionLM, cfg_float, cfg_int
 
 # config.json values this implementation reproduces; anything else is refused by name.
 _REQUIRED = {
@@ -27,27 +27,34 @@ def llada_arch(cfg: dict) -> ArchConfig:
     for key, want in _REQUIRED.items():
         if key in cfg and cfg[key] != want:
             raise CheckpointError(f"config.json: unsupported LLaDA option {key}={cfg[key]!r} (supported: {want!r})")
-    try:
-        d, heads = int(cfg["d_model"]), int(cfg["n_heads"])
-        hidden = cfg.get("mlp_hidden_size") or int(cfg.get("mlp_ratio", 4)) * d
-        return ArchConfig(
-            family="llada",
-            vocab_size=int(cfg.get("embedding_size") or cfg["vocab_size"]),
-            hidden_size=d,
-            num_layers=int(cfg["n_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("n_kv_heads") or heads),
-            intermediate_size=int(hidden),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            max_positions=int(cfg.get("max_sequence_length", 4096)),
-            tie_embeddings=bool(cfg.get("weight_tying", False)),
-            qkv_bias=bool(cfg.get("include_qkv_bias", False)),
-            causal=bool(cfg.get("causal", False)),
-            logit_shift=_logit_shift(cfg.get("logit_shift", 0)),
-        )
-    except KeyError as e:
-        raise CheckpointError(f"config.json: LLaDA config lacks required field {e.args[0]!r}") from None
+    d, heads = cfg_int(cfg, "d_model", family="LLaDA"), cfg_int(cfg, "n_heads", family="LLaDA")
+    hidden = cfg_int(cfg, "mlp_hidden_size", None)
+    if hidden is None:
+        hidden = cfg_int(cfg, "mlp_ratio", 4) * d
+    vocab = cfg_int(cfg, "embedding_size", None)
+    return ArchConfig(
+        family="llada",
+        vocab_size=vocab if vocab is not None else cfg_int(cfg, "vocab_size", family="LLaDA"),
+        hidden_size=d,
+        num_layers=cfg_int(cfg, "n_layers", family="LLaDA"),
+        num_heads=heads,
+        num_kv_heads=cfg_int(cfg, "n_kv_heads", heads),
+        intermediate_size=hidden,
+        rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
+        norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-5),
+        max_positions=cfg_int(cfg, "max_sequence_length", 4096),
+        tie_embeddings=_flag(cfg, "weight_tying"),
+        qkv_bias=_flag(cfg, "include_qkv_bias"),
+        causal=_flag(cfg, "causal"),
+        logit_shift=_logit_shift(cfg.get("logit_shift", 0)),
+    )
+
+
+def _flag(cfg: dict, key: str) -> bool:
+    v = cfg.get(key, False)
+    if not isinstance(v, bool):
+        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
+    return v
 
 
 def _logit_shift(value) -> int:

@@ -21,13 +21,29 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object from a checkpoint file, or a CheckpointError naming the file and the fault."""
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            value = json.load(f)
     except FileNotFoundError:
         raise CheckpointError(f"missing file {path}") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"{path} could not be read: {e.strerror or e}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _safetensors(path: Path, what: str, fn):
+    """Run fn() over a safetensors file; any failure of the file is a CheckpointError naming it."""
+    try:
+        return fn()
+    except CheckpointError:
+        raise
+    except Exception as e:  # safetensors raises its own SafetensorError, OSError or RuntimeError on damage
+        raise CheckpointError(f"{path} is damaged or not a safetensors file ({what}: {e})") from None
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
@@ -58,8 +74,11 @@ def weight_files(folder: Path) -> dict[str, Path]:
     single = folder / "model.safetensors"
     if not single.exists():
         raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    with safe_open(single, framework="pt") as f:
-        return {k: single for k in f.keys()}
+    def keys():
+        with safe_open(single, framework="pt") as f:
+            return {k: single for k in f.keys()}
+
+    return _safetensors(single, "reading the header", keys)
 
 
 def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu") -> tuple[DiffusionLM, dict]:
@@ -72,10 +91,13 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     arch = family.arch(cfg)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
+    files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
+        raise CheckpointError(f"{folder}: config.json says {arch.num_layers} layers, but the checkpoint holds only "
+                              f"{len(files)} tensors")
     with torch.device("meta"):
         model = family.cls(arch)
     expected = {k: v.shape for k, v in model.state_dict().items()}
-    files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected))
     if missing:
@@ -87,19 +109,26 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     for k, f in files.items():
         by_file.setdefault(f, []).append(k)
     for f, keys in by_file.items():
-        with safe_open(f, framework="pt", device="cpu") as sf:
-            present = set(sf.keys())
-            for k in keys:
-                if k not in present:
-                    raise CheckpointError(f"{f.name} does not contain weight {k!r} that the index lists")
-                t = sf.get_tensor(k)
-                if tuple(t.shape) != tuple(expected[k]):
-                    raise CheckpointError(
-                        f"{f.name}: weight {k!r} has shape {tuple(t.shape)}, expected {tuple(expected[k])}"
-                    )
-                state[k] = t.to(device=device, dtype=torch_dtype)
+        _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
+                                                                              torch_dtype))
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), cfg
+
+
+def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype) -> None:
+    with safe_open(f, framework="pt", device="cpu") as sf:
+        present = set(sf.keys())
+        for k in keys:
+            if k not in present:
+                raise CheckpointError(f"{f} does not contain weight {k!r} that the index lists")
+            t = sf.get_tensor(k)
+            if tuple(t.shape) != tuple(expected[k]):
+                raise CheckpointError(f"{f}: weight {k!r} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
+            if not (t.is_floating_point() or t.is_complex()):
+                raise CheckpointError(f"{f}: weight {k!r} has dtype {t.dtype}, not a floating-point type")
+            if not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{f}: weight {k!r} holds NaN or infinite values (a damaged file?)")
+            state[k] = t.to(device=device, dtype=dtype)
 
 
 def _few(keys: list[str], n: int = 5) -> str:

@@ -1,6 +1,7 @@
 """The training loop: progress bar, periodic held-out accuracy, checkpoint and resume."""
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -9,6 +10,7 @@ from pathlib import Path
 import torch
 
 from unmask.errors import UnmaskError
+from unmask.llm import resolve_model_path
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
 from unmask.progress import Progress
@@ -33,8 +35,36 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     return {r.task: round(r.exact, 4) for r in res}
 
 
+def _prepare_out(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Check that `out` may be written: a new or empty folder, our own run to resume, or anything
+    with `overwrite`. Returns whether the folder is new (and so may be removed if the start fails)."""
+    if out.exists() and not out.is_dir():
+        raise UnmaskError(f"--out {out} is a file, not a folder")
+    holds_run = (out / STATE).exists()
+    if resume:
+        if not holds_run:
+            raise UnmaskError(f"--resume: no {STATE} in {out}")
+        return False
+    if holds_run and not overwrite:
+        raise UnmaskError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                          "or choose another folder")
+    if out.is_dir() and any(out.iterdir()) and not holds_run and not overwrite:
+        raise UnmaskError(f"{out} is not empty and holds no unmask run; choose another folder or pass --overwrite")
+    return not out.exists()
+
+
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UnmaskError(f"cannot write the run folder {out}: {e.strerror or e}") from None
+
+
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True,
-          until: int | None = None) -> dict:
+          until: int | None = None, overwrite: bool = False) -> dict:
     """Train into run folder `out`; returns the final summary. With `resume`, continue from
     out/trainer_state.pt (the configuration stored there wins, except `steps`, which may grow).
     With `until`, stop after that step with a checkpoint (the learning-rate schedule still spans
@@ -43,17 +73,23 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
     if until is not None and (not isinstance(until, int) or until < 1):
         raise UnmaskError(f"until {until!r} must be a positive step number")
     state_path = out / STATE
+    new_folder = _prepare_out(out, resume, overwrite)
     if resume:
-        if not state_path.exists():
-            raise UnmaskError(f"--resume: no {STATE} in {out}")
         saved = torch.load(state_path, weights_only=False)
         steps = cfg.steps
         cfg = TrainConfig(**saved["config"])
         cfg.steps = max(steps, cfg.steps)
-    elif state_path.exists():
-        raise UnmaskError(f"{out} already holds a run; pass --resume to continue it or choose another folder")
     cfg.check()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train(cfg, out, resume, saved if resume else None, progress, until)
+    except BaseException:
+        if new_folder and out.exists() and not state_path.exists():  # a failed start leaves nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progress: bool, until: int | None) -> dict:
+    state_path = out / STATE
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer()
     model = LLaDAModel(arch_for(cfg, tok.get_vocab_size())).train()
@@ -62,8 +98,14 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
             if p.dim() == 2:
                 p.normal_(0, 0.02)
     if cfg.init_from and not resume:
-        src, _ = load_model(Path(cfg.init_from) / "model" if (Path(cfg.init_from) / "model").exists() else cfg.init_from)
-        model.load_state_dict(src.state_dict())
+        init = resolve_model_path(cfg.init_from)  # a run folder, a model folder, or an embedded model's name
+        src, _ = load_model(init / "model" if (init / "model").exists() else init)
+        try:
+            model.load_state_dict(src.state_dict())
+        except RuntimeError:
+            raise UnmaskError(f"--init-from {cfg.init_from}: its weights do not fit this model's size "
+                              f"(layers {cfg.layers}, d_model {cfg.d_model}, heads {cfg.heads}, mlp {cfg.mlp})") from None
+    _make_out(out)  # only once everything that can be checked has been
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     sampler = TaskSampler(cfg.tasks, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)

@@ -56,16 +56,31 @@ class TrainConfig:
 
         if self.kind not in ("diffusion", "ar"):
             raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion or ar")
-        for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps"):
+        for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps", "eval_every", "eval_n"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
+        for name in ("warmup", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise UnmaskError(f"{name} {v!r} must be a non-negative integer")
+        if not isinstance(self.tasks, dict) or not self.tasks:
+            raise UnmaskError(f"tasks {self.tasks!r} must name at least one task with a weight")
+        for task, w in self.tasks.items():
+            if task not in TASKS:
+                raise UnmaskError(f"unknown task {task!r}; choose from {', '.join(TASKS)}")
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
+                raise UnmaskError(f"task weight {w!r} for {task!r} must be a finite number > 0")
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
         if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind != "diffusion"):
             raise UnmaskError(f"logit_shift {self.logit_shift!r} must be 0 or 1, and 1 only for a diffusion model")
-        if not self.lr > 0:
-            raise UnmaskError(f"lr {self.lr} must be > 0")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UnmaskError(f"{name} {v!r} must be a finite number >= 0")
+        if not self.lr > 0 or not 0 < self.eps < 1:
+            raise UnmaskError(f"lr {self.lr} must be > 0 and eps {self.eps} in (0, 1)")
         return self
 
 
