@@ -289,8 +289,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = out / f"bench-{stamp}.json"
     _writable(out)
-    diffusion = LLM(a.model)
-    ar = None if a.ar_model == "none" else LLM(a.ar_model)
+    from unmask.llm import default_device
+
+    device = a.device or default_device()
+    diffusion = LLM(a.model, dtype=a.dtype, device=device)
+    ar = None if a.ar_model == "none" else LLM(a.ar_model, dtype=a.dtype, device=device)
     gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
 
@@ -421,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
     b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
     b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
+    b.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     b.add_argument("--quick", action="store_true", help="a few-minute preset")
     b.add_argument("--policies", default=None, help="policy:knob list, e.g. fixed:1,threshold:0.9,entropy:0.5")
     b.add_argument("--caches", default=None, help="cache policies, e.g. none,dual")

@@ -47,6 +47,16 @@ from unmask.params import PARAM_FIELDS, check_fields, coerce, resolve_params
 log = logging.getLogger(__name__)
 
 
+def _int_arg(name: str, value, minimum: int) -> int:
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        raise UnmaskError(f"model_args {name}={value!r} is not an integer") from None
+    if v < minimum:
+        raise UnmaskError(f"model_args {name}={value!r} must be >= {minimum}")
+    return v
+
+
 @register_model("unmask")
 class UnmaskLM(LM):
     def __init__(self, model: str | None = None, dtype: str | None = None, device: str | None = None,
@@ -65,12 +75,13 @@ class UnmaskLM(LM):
         self.llm = LLM(model, dtype=dtype, device=device or default_device())
         # evaluation runs the reference setting unless model_args say otherwise (like `unmask eval`)
         self.params = resolve_params(values, self.llm.generation_defaults, fast=False)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 1
+        # lm-eval passes batch_size "auto" / "auto:N" for its own models; a number is used as is
+        self.batch_size = _int_arg("batch_size", batch_size, 1) if str(batch_size).strip().isdigit() else 1
+        if str(chat).lower() not in ("true", "false"):
+            raise UnmaskError(f"model_args chat={chat!r} must be true or false")
         self.chat = str(chat).lower() == "true"
-        self.mc_num = int(mc_num)
-        if self.mc_num < 1:
-            raise UnmaskError(f"model_args mc_num={mc_num!r} must be a positive integer")
-        self.seed = int(seed)
+        self.mc_num = _int_arg("mc_num", mc_num, 1)
+        self.seed = _int_arg("seed", seed, 0)
         self._templated = False
         self._warned = False
 

@@ -18,7 +18,8 @@ def format_table(run: dict) -> str:
             f"{r['latency_ms']['p50']:8.1f} {r['latency_ms']['p95']:8.1f} {r['ms_per_step']:8.1f} "
             f"{r['ms_per_step'] * (1 + r['prediction_error']):8.1f} {100 * r['prediction_error']:7.0f}%")
     c = run["context"]
-    lines.append(f"\n{c['cpu']}, {c['threads']} threads, torch {c['torch']}, {run['dtype']}; "
+    where = c["gpu"] if c.get("gpu") else f"{c['cpu']}, {c['threads']} threads"
+    lines.append(f"\n{where}, torch {c['torch']}, {run['dtype']}; "
                  f"{run['n_per_task']} examples x {len(run['tasks'])} tasks; timer: {c['timer_includes']}")
     return "\n".join(lines)
 
@@ -101,7 +102,7 @@ def plot_pareto(run: dict, path: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"Quality vs speed, {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
-                 f"({run['context']['cpu']}, {run['dtype']})", fontsize=9)
+                 f"({run['context'].get('gpu') or run['context']['cpu']}, {run['dtype']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -134,6 +134,21 @@ def measure_cpu(seconds: float = 0.5) -> Hardware:
     return Hardware(f"this CPU ({torch.get_num_threads()} threads, float32, measured)", bandwidth, flops)
 
 
+def for_device(device) -> Hardware:
+    """The hardware a measurement runs on: a preset for a GPU it knows by name (datasheet
+    numbers), else this CPU, measured."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, preset in (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb")):
+            if key in name:
+                return PRESETS[preset]
+        raise ValueError(f"no roofline preset for GPU {name!r}")
+    return measure_cpu()
+
+
 def seed_example() -> str:
     """Seed 000's worked example, recomputed: H100 SXM, 7B bf16, prompt 512, gen 256."""
     r = Roofline(PRESETS["h100-sxm"], ModelCost.seed_7b())

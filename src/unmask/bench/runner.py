@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from unmask.bench.grid import BenchConfig
-from unmask.bench.roofline import ModelCost, Roofline, measure_cpu
+from unmask.bench.roofline import ModelCost, Roofline, for_device
 from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, row_latencies, wilson_interval
 from unmask.evaluate import run_task
 from unmask.llm import LLM
@@ -98,7 +98,7 @@ def with_ar_twin(grid: list[BenchConfig]) -> list[BenchConfig]:
     return list(grid) + [BenchConfig("ar", 1.0, "kv", None, g, g, b) for b in sorted({c.batch for c in grid})]
 
 
-def context() -> dict:
+def context(device=None) -> dict:
     cpu = platform.processor()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -108,7 +108,8 @@ def context() -> dict:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
     except OSError:
         commit = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    gpu = torch.cuda.get_device_name(device) if device is not None and torch.device(device).type == "cuda" else None
+    return {"cpu": cpu, "gpu": gpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "commit": commit or None, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "timer_includes": TIMER_INCLUDES}
@@ -119,12 +120,14 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
     """Measure every configuration (and the AR twin at each batch size). `progress(i, total, run)`
     after each configuration, with the run so far (its last row just measured), `on_examples(k)`
     after each decoded batch of k examples."""
-    hw = measure_cpu()
+    device = next(diffusion.model.parameters()).device
+    hw = for_device(device)
     roof_d = _roofline(diffusion, hw)
     roof_a = _roofline(ar, hw) if ar is not None else None
     rows, baselines = [], {}
     configs = with_ar_twin(grid) if ar is not None else list(grid)
-    run = {"context": context(), "hardware_measured": hw.__dict__, "tasks": tasks, "n_per_task": n,
+    run = {"context": {**context(device), "device": str(device)}, "hardware_measured": hw.__dict__,
+           "tasks": tasks, "n_per_task": n,
            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None,
            "configurations": len(configs), "results": rows}
