@@ -106,8 +106,10 @@ def test_cached_modes_recompute_fewer_positions(request, fixture):
     L = 8 + 32
     for cache in ("prefix", "dual"):
         out = llm.generate(prompts, GenerationParams(cache=cache, **p))
+        block = -1
         for st in out.steps:
-            s = 8 + 8 * st.block
+            block += st.refresh  # one row: each block starts with its refresh
+            s = 8 + 8 * block
             expect = L if st.refresh else (L - s + shift if cache == "prefix" else 8 + shift)
             assert st.positions == expect
         assert sum(st.refresh for st in out.steps) == 4  # one refresh per block
@@ -116,7 +118,8 @@ def test_cached_modes_recompute_fewer_positions(request, fixture):
 def test_refresh_interval_is_independent_of_block_length(llada):
     p = GenerationParams(gen_length=32, block_length=16, cache="dual", refresh_interval=5, early_stop=False)
     out = llada.generate([[1, 2, 3]], p)
-    per_block = [[st.refresh for st in out.steps if st.block == b] for b in (0, 1)]
+    assert len(out.steps) == 32  # one token per step, no early stop: 16 steps per block
+    per_block = [[st.refresh for st in out.steps[16 * b : 16 * (b + 1)]] for b in (0, 1)]
     for flags in per_block:
         assert flags == [i % 5 == 0 for i in range(len(flags))]
         assert len(flags) == 16

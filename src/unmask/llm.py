@@ -1,5 +1,6 @@
 """Offline front end: load a checkpoint folder once, generate for batches of prompts."""
 
+import itertools
 import numbers
 import time
 from dataclasses import dataclass
@@ -9,7 +10,8 @@ import torch
 
 from unmask.compat import get_mode
 from unmask.engine.ar import decode_ar
-from unmask.engine.loop import Decoded, StepRecord, decode
+from unmask.engine.engine import Engine, EngineConfig, ForwardRecord
+from unmask.engine.loop import StepRecord, decode
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.loader import load_model, read_json
@@ -25,6 +27,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (end-of-text committed) or "length"
     nfe: int  # forwards this row took part in
     commits: list[int]  # tokens committed at each of those forwards
+    seconds: float = 0.0  # from the start of decoding until this request finished (its latency)
 
     @property
     def num_tokens(self) -> int:
@@ -40,7 +43,7 @@ class GenerationResult:
 @dataclass
 class BatchOutput:
     results: list[GenerationResult]
-    steps: list[StepRecord]
+    steps: list[StepRecord | ForwardRecord]  # every batched forward
     seconds: float  # wall time of decode (every forward and the loop), tokenisation excluded
     cache: str
     prompt_len: int  # columns before the generation region (the longest prompt)
@@ -148,13 +151,33 @@ class LLM:
         params = self._params(params)
         ids = self._prompt_ids(prompts, chat, unknown_words)
         self._check_prompts(ids, params)
+        if params.compat is None and not self.arch.causal:
+            return self._generate_engine(ids, params)
         t0 = time.perf_counter()
         if self.arch.causal:  # an autoregressive twin: KV-cached next-token decoding
             decoded = decode_ar(self.model, self.token_ids, ids, params.gen_length, params.temperature, params.seed)
-        else:
+        else:  # a compat mode: the reference's lockstep loop, as its own batch
             decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
-        return BatchOutput(self._results(decoded, params), decoded.steps, seconds, decoded.cache, decoded.prompt_len)
+        ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
+        results = [self._result(raw, decoded.row_nfe[r], decoded.row_commits[r], ends[decoded.row_nfe[r] - 1]
+                                if decoded.row_nfe[r] else 0.0) for r, raw in enumerate(decoded.generated.tolist())]
+        return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
+
+    def engine(self, config: EngineConfig | None = None) -> Engine:
+        """A request-level engine over this model (continuous batching; see unmask.engine.engine)."""
+        return Engine(self.model, self.token_ids, config)
+
+    def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
+        """Offline generation is "add every request, step until done" on the serving engine."""
+        engine = self.engine(EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids)))
+        t0 = time.perf_counter()
+        reqs = [engine.add_request(p, params) for p in ids]
+        while engine.has_unfinished():
+            engine.step()
+        seconds = time.perf_counter() - t0
+        results = [self._result(q.canvas, q.nfe, q.commits, q.finished - t0) for q in reqs]
+        return BatchOutput(results, engine.trace, seconds, params.cache, max(len(p) for p in ids))
 
     def _params(self, params) -> GenerationParams:
         if params is None:
@@ -223,24 +246,13 @@ class LLM:
         if params.compat is not None:
             get_mode(params.compat).check_prompts(ids, self.arch.family)
 
-    def _results(self, d: Decoded, params: GenerationParams) -> list[GenerationResult]:
-        gen = d.generated.tolist()
+    def _result(self, raw: list[int], nfe: int, commits: list[int], seconds: float) -> GenerationResult:
         stops = set(self.token_ids.stop)
-        out = []
-        for r, raw in enumerate(gen):
-            cut = next((j for j, t in enumerate(raw) if t in stops), None)
-            ids = raw if cut is None else raw[:cut]
-            out.append(
-                GenerationResult(
-                    text=self.tokenizer.decode(ids),
-                    token_ids=ids,
-                    raw_ids=raw,
-                    finish_reason="length" if cut is None else "stop",
-                    nfe=d.row_nfe[r],
-                    commits=d.row_commits[r],
-                )
-            )
-        return out
+        cut = next((j for j, t in enumerate(raw) if t in stops), None)
+        ids = raw if cut is None else raw[:cut]
+        return GenerationResult(text=self.tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
+                                finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
+                                seconds=seconds)
 
 
 ASSETS = Path(__file__).parent / "assets"

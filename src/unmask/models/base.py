@@ -115,7 +115,8 @@ class DiffusionLM(nn.Module):
     causal when `config.causal` (the autoregressive twin).
 
     forward(input_ids (B, q), positions (B, q), kv, kv_start, key_mask (B, Lk), logits_slice)
-      -> logits (B, n, V) for the hidden positions selected by `logits_slice` (all q if None).
+      -> logits (B, n, V) for the hidden positions selected by `logits_slice`: a slice shared by
+      all rows, a (B, n) tensor of positions per row, or None for all q.
     Models know nothing about commit policies or cache policies; `kv` is a KVBuffer or None.
     A family declares its parameters (named as its checkpoints name them) and `parts()`.
     """
@@ -144,7 +145,9 @@ class DiffusionLM(nn.Module):
             mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
         for i, block in enumerate(blocks):
             x = block(x, rope, kv, i, kv_start, mask)
-        if logits_slice is not None:  # only positions that can commit need the vocabulary projection
+        if isinstance(logits_slice, torch.Tensor):  # (B, n) hidden positions per row
+            x = x.gather(1, logits_slice[..., None].expand(-1, -1, x.shape[-1]))
+        elif logits_slice is not None:  # only positions that can commit need the vocabulary projection
             x = x[:, logits_slice]
         x = norm(x)
         return x @ embed.weight.T if head is None else head(x)

@@ -1,0 +1,493 @@
+"""The request-level engine: `add_request`, `step`, `abort` (the shape of nano-vllm / vLLM).
+
+Every request has its own canvas, block position, step counter, schedule, KV rows, parameters
+and random generator; the running requests live as rows of batched tensors, so a step is tensor
+code over all rows, whatever block each row is in. A request joins the running batch at the next
+step (continuous batching) and leaves it the step it finishes or is aborted, freeing its rows.
+
+One engine step:
+1. Admit waiting requests while fewer than `max_num_seqs` run (first come, first served).
+2. Plan each running row with its cache policy: a *full* forward (no cache, or a cache refresh:
+   the whole canvas) or a *window* forward (a cached step: the block, or block and suffix).
+3. Spend the token budget (`max_num_batched_tokens`, positions computed per step): window rows
+   first (a cached step costs its window, O(block)), then full rows (O(canvas)), oldest first;
+   the first row always runs. A long refresh therefore never delays short cached steps beyond
+   the forward they share; what does not fit waits for the next step (measured in `unmask bench serve`).
+4. One forward for the full rows (right-padded canvases, padding masked out of attention) and one
+   for the window rows (each row's own window and its own KV rows, aligned by a per-row start).
+5. Proposals and commits per distinct setting among the rows (a few groups, not one per row),
+   then per-row bookkeeping in tensors: blocks advance, finished rows leave.
+
+Greedy output of a request does not depend on what else runs: padding is masked, positions are
+each row's own, and each request samples from its own generator. Compat modes and
+autoregressive models are not served here (LLM.generate runs them with their own loops).
+"""
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from unmask.engine.parts import DecodeParts, build_parts
+from unmask.errors import UnmaskError
+from unmask.models.base import DiffusionLM, TokenIds
+from unmask.params import GenerationParams
+from unmask.sampler.proposal import propose
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64  # requests decoded together
+    max_num_batched_tokens: int = 16384  # positions computed per step, over all rows
+    max_waiting: int = 4096  # queued requests beyond which add_request refuses
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise UnmaskError(f"{name} {v!r} must be a positive integer")
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Request:
+    id: str
+    prompt: list[int]
+    params: GenerationParams
+    parts: DecodeParts
+    arrival: float
+    status: Status = Status.WAITING
+    nfe: int = 0
+    commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
+    committed: int = 0  # contiguous committed tokens from the start of the answer
+    canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    started: float | None = None  # first forward
+    first_commit: float | None = None  # first step that grew the committed prefix
+    finished: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.ABORTED)
+
+
+@dataclass
+class StepOutput:
+    """What one step changed for one request."""
+
+    request: Request
+    committed: int  # contiguous committed prefix after this step
+    new_ids: list[int]  # the ids that extended the committed prefix in this step
+    finished: bool
+
+
+@dataclass
+class ForwardRecord:
+    """One batched forward of a step (a step runs at most two: full rows and window rows)."""
+
+    kind: str  # "full" (no cache, or a cache refresh) | "window" (a cached step)
+    rows: int
+    positions: float  # positions computed per row (mean over the rows)
+    committed: int  # tokens committed over all rows
+    seconds: float = 0.0
+
+    @property
+    def refresh(self) -> bool:
+        return self.kind == "full"
+
+
+class _Rows:
+    """The running requests as rows of batched tensors. Canvases are right-padded to a capacity
+    `cap`; column `cap` is a scratch column that padded entries write to, so scatters never
+    collide with real columns."""
+
+    def __init__(self, device: torch.device, pad_id: int) -> None:
+        self.device, self.pad_id = device, pad_id
+        self.reqs: list[Request] = []
+        self.cap = 0
+        z = lambda: torch.zeros(0, dtype=torch.long, device=device)  # noqa: E731
+        self.x = torch.zeros(0, 1, dtype=torch.long, device=device)
+        self.pos = torch.zeros(0, 1, dtype=torch.long, device=device)
+        self.L, self.P, self.blk, self.nblk, self.spb = z(), z(), z(), z(), z()
+        self.block, self.step, self.cfg = z(), z(), z()
+        self.cached = torch.zeros(0, dtype=torch.bool, device=device)  # the row's cache policy keeps KV
+        self.early = torch.zeros(0, dtype=torch.bool, device=device)  # the row stops at its end of text
+        self.quota = torch.zeros(0, 1, dtype=torch.long, device=device)
+        self.k: list[torch.Tensor] | None = None  # per layer (N, H_kv, cap + 1, D)
+        self.v: list[torch.Tensor] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.reqs)
+
+    def _grow(self, cap: int) -> None:
+        extra = cap - self.cap
+        pad_cols = lambda t, value: torch.cat(  # noqa: E731
+            [t[:, : self.cap], torch.full((t.shape[0], extra + 1), value, dtype=t.dtype, device=t.device)], 1)
+        self.x, self.pos = pad_cols(self.x, self.pad_id), pad_cols(self.pos, 0)
+        if self.k is not None:
+            grow = lambda t: torch.cat([t[:, :, : self.cap], t.new_zeros(*t.shape[:2], extra + 1, t.shape[3])], 2)  # noqa: E731
+            self.k, self.v = [grow(t) for t in self.k], [grow(t) for t in self.v]
+        self.cap = cap
+
+    def add(self, req: Request, mask_id: int, cfg_id: int, smax: int) -> None:
+        b = lambda v: torch.tensor([v], dtype=torch.bool, device=self.device)  # noqa: E731
+        self.cached = torch.cat([self.cached, b(req.parts.cache.stores_kv)])
+        self.early = torch.cat([self.early, b(req.parts.rules.early_stop)])
+        p = req.params
+        P, L = len(req.prompt), len(req.prompt) + p.gen_length
+        if L > self.cap:
+            self._grow(L)
+        x = torch.full((1, self.cap + 1), self.pad_id, dtype=torch.long)
+        x[0, :P] = torch.tensor(req.prompt)
+        x[0, P:L] = mask_id
+        pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
+        pos[0, :L] = torch.arange(L)
+        self.x = torch.cat([self.x, x.to(self.device)])
+        self.pos = torch.cat([self.pos, pos.to(self.device)])
+        t = lambda v: torch.tensor([v], device=self.device)  # noqa: E731
+        self.L, self.P = torch.cat([self.L, t(L)]), torch.cat([self.P, t(P)])
+        self.blk, self.nblk = torch.cat([self.blk, t(p.block_length)]), torch.cat([self.nblk, t(p.num_blocks)])
+        self.spb = torch.cat([self.spb, t(p.steps_per_block)])
+        self.block, self.step, self.cfg = torch.cat([self.block, t(0)]), torch.cat([self.step, t(0)]), torch.cat([self.cfg, t(cfg_id)])
+        if self.quota.shape[1] < smax:
+            self.quota = torch.cat([self.quota, self.quota.new_zeros(self.quota.shape[0], smax - self.quota.shape[1])], 1)
+        self.quota = torch.cat([self.quota, self.quota.new_zeros(1, self.quota.shape[1])])
+        self.start_blocks(torch.tensor([self.n], device=self.device))
+        if self.k is not None:
+            self.k = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.k]
+            self.v = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.v]
+        self.reqs.append(req)
+
+    def start_blocks(self, rows: torch.Tensor) -> None:
+        """LLaDA's even schedule for rows entering a new (all-masked) block: blk // spb per step,
+        the remainder first."""
+        blk, spb = self.blk[rows], self.spb[rows]
+        cols = torch.arange(self.quota.shape[1], device=self.device)[None, :]
+        self.quota[rows] = torch.where(cols < spb[:, None], blk[:, None] // spb[:, None] + (cols < (blk % spb)[:, None]), 0)
+
+    def keep(self, keep: torch.Tensor) -> None:
+        idx = keep.tolist()
+        self.reqs = [self.reqs[i] for i in idx]
+        for name in ("x", "pos", "L", "P", "blk", "nblk", "spb", "block", "step", "cfg", "quota", "cached", "early"):
+            setattr(self, name, getattr(self, name)[keep])
+        if self.k is not None:
+            self.k, self.v = [t[keep] for t in self.k], [t[keep] for t in self.v]
+        if not self.reqs:  # the last row left: free the buffers
+            self.k = self.v = None
+
+
+class _RowsKV:
+    """The KV buffer interface the model writes through, over a subset of running rows whose
+    query windows start at per-row canvas columns. Fresh keys of padded query columns go to the
+    scratch column."""
+
+    def __init__(self, rows: "_Rows", idx: torch.Tensor | None, cols: torch.Tensor, full: bool, num_layers: int) -> None:
+        """idx: the rows in the forward, or None for all running rows in order."""
+        self.rows, self.idx, self.cols, self.full, self.num_layers = rows, idx, cols, full, num_layers
+        self.length = rows.cap + 1
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        r = self.rows
+        if r.k is None:  # first cached request: allocate (N, H_kv, cap + 1, D) per layer
+            shape = (r.n, k.shape[1], r.cap + 1, k.shape[3])
+            r.k = [k.new_zeros(shape) for _ in range(self.num_layers)]
+            r.v = [v.new_zeros(shape) for _ in range(self.num_layers)]
+        where = self.cols[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        if self.idx is None:  # every running row: write in place
+            kk, vv = r.k[layer].scatter_(2, where, k), r.v[layer].scatter_(2, where, v)
+        else:
+            kk, vv = r.k[layer][self.idx].scatter_(2, where, k), r.v[layer][self.idx].scatter_(2, where, v)
+            r.k[layer][self.idx], r.v[layer][self.idx] = kk, vv
+        return (k, v) if self.full else (kk, vv)
+
+
+class Engine:
+    def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None) -> None:
+        if model.config.causal:
+            raise UnmaskError("the engine serves diffusion models; decode an autoregressive model with LLM.generate")
+        self.model, self.tokens = model, tokens
+        self.config = config or EngineConfig()
+        self.device = next(model.parameters()).device
+        self.mask = tokens.mask
+        self.stop_ids = torch.tensor(tokens.stop, device=self.device)
+        self.rows = _Rows(self.device, tokens.pad if tokens.pad is not None else tokens.eos)
+        self.waiting: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.configs: dict[tuple, int] = {}  # decoding setting -> id (rows of one id share proposal and policy)
+        self.parts_by_cfg: dict[int, DecodeParts] = {}
+        self.gens: dict[str, torch.Generator] = {}
+        self.trace: list[ForwardRecord] = []
+        self._ids = itertools.count()
+
+    # --- requests --------------------------------------------------------------------------------
+    def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None) -> Request:
+        """Queue a tokenised prompt. `params` must be checked; compat modes are refused."""
+        if params.compat is not None:
+            raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise UnmaskError(f"the queue is full ({self.config.max_waiting} requests waiting)")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise UnmaskError(f"request id {rid!r} is in use")
+        req = Request(rid, list(prompt), params, build_parts(params, self.tokens), time.perf_counter())
+        self.requests[rid] = req
+        self.waiting.append(req)
+        if params.seed is not None:
+            self.gens[rid] = torch.Generator(self.device).manual_seed(params.seed)
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; its rows are freed. False if it is unknown or already done."""
+        req = self.requests.get(request_id)
+        if req is None or req.done:
+            return False
+        if req.status == Status.WAITING:
+            self.waiting.remove(req)
+        else:
+            i = self.rows.reqs.index(req)
+            self.rows.keep(torch.tensor([j for j in range(self.rows.n) if j != i], dtype=torch.long,
+                                        device=self.device))
+        self._finish(req, Status.ABORTED, "abort", None)
+        return True
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request (its record is kept until released)."""
+        req = self.requests.get(request_id)
+        if req is not None and req.done:
+            del self.requests[request_id]
+            self.gens.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.rows.n)
+
+    @property
+    def num_running(self) -> int:
+        return self.rows.n
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # --- one step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        self._admit()
+        r = self.rows
+        if r.n == 0:
+            return []
+        shift = self.model.config.logit_shift
+        refresh, start, end = self._plan()
+        s = r.P + r.block * r.blk
+        e = s + r.blk
+        cost = torch.where(refresh, r.L, end - start)
+        # window rows first, then full rows, each oldest first; the first row always runs
+        order = torch.argsort(refresh.long() * (r.n + 1) + torch.arange(r.n, device=self.device), stable=True)
+        within = torch.cumsum(cost[order], 0) <= self.config.max_num_batched_tokens
+        within[0] = True
+        run = torch.zeros(r.n, dtype=torch.bool, device=self.device)
+        run[order[within]] = True
+        # one host read for the step's shape: widest block, rows of each kind, positions of each kind
+        width = torch.where(refresh, r.L, end - start)
+        W, n_win, n_full, pos_win, pos_full = torch.stack([
+            r.blk.max(), (run & ~refresh).sum(), (run & refresh).sum(),
+            torch.where(run & ~refresh, width, 0).sum(), torch.where(run & refresh, width, 0).sum()]).tolist()
+        committed = torch.zeros(r.n, dtype=torch.long, device=self.device)
+        for kind, rows, count, positions in (("window", run & ~refresh, n_win, pos_win),
+                                             ("full", run & refresh, n_full, pos_full)):
+            if count == 0:
+                continue
+            all_rows = count == r.n
+            idx = torch.arange(r.n, device=self.device) if all_rows else rows.nonzero().squeeze(-1)
+            t0 = time.perf_counter()
+            logits = self._forward(kind, idx, start, end, s, shift, W, all_rows)
+            n = self._commit(idx, logits, s, W)
+            committed[idx] = n
+            self.trace.append(ForwardRecord(kind, count, positions / count, n.sum(), time.perf_counter() - t0))
+        outputs = self._advance(run, s, e, committed)
+        for rec in self.trace[-2:]:  # committed counts are read with the step's bookkeeping
+            if isinstance(rec.committed, torch.Tensor):
+                rec.committed = int(rec.committed)
+        return outputs
+
+    def _admit(self) -> None:
+        while self.waiting and self.rows.n < self.config.max_num_seqs:
+            req = self.waiting.pop(0)
+            key = _setting(req.params)
+            cfg = self.configs.setdefault(key, len(self.configs))
+            self.parts_by_cfg.setdefault(cfg, req.parts)
+            smax = max(req.params.steps_per_block, 1)
+            self.rows.add(req, self.mask, cfg, smax)
+            req.status = Status.RUNNING
+
+    def _plan(self):
+        """Per row: does this step refresh (full forward), and the window [start, end) otherwise."""
+        r = self.rows
+        shift = self.model.config.logit_shift
+        s = r.P + r.block * r.blk
+        refresh = torch.ones(r.n, dtype=torch.bool, device=self.device)
+        start, end = torch.zeros_like(s), r.L.clone()
+        for cfg in r.cfg.unique().tolist():
+            rows = r.cfg == cfg
+            cache = self.parts_by_cfg[cfg].cache
+            if not cache.stores_kv:
+                continue
+            ri = cache.refresh_interval
+            fresh = r.step == 0
+            if ri is not None:
+                fresh = fresh | (r.step % ri == 0)
+            refresh = torch.where(rows, fresh, refresh)
+            start = torch.where(rows, s - shift, start)
+            end = torch.where(rows, cache.window_end(s + r.blk, r.L), end)
+        return refresh, start, end
+
+    def _forward(self, kind: str, idx: torch.Tensor, start, end, s, shift: int, W: int, all_rows: bool) -> torch.Tensor:
+        """Logits (B, W, V) for each row's block columns [s, s + W) (W = the widest block; columns
+        past a row's own block are padding). `all_rows`: idx is every running row, in order."""
+        r = self.rows
+        ar = torch.arange(W, device=self.device)[None, :]
+        if kind == "full":
+            Lmax = int(r.L[idx].max())
+            ids, pos = r.x[idx, :Lmax], r.pos[idx, :Lmax]
+            key_mask = torch.arange(Lmax, device=self.device)[None, :] < r.L[idx, None]
+            key_mask = None if bool(key_mask.all()) else key_mask
+            kv = None
+            if bool(r.cached[idx].any()):
+                cols = torch.arange(Lmax, device=self.device)[None, :].expand(idx.numel(), -1)
+                cols = torch.where(cols < r.L[idx, None], cols, r.cap)
+                kv = _RowsKV(r, None if all_rows else idx, cols, True, self.model.config.num_layers)
+            hidden = (s[idx, None] - shift + ar).clamp(0, Lmax - 1)
+            return self.model(ids, pos, kv, 0, key_mask, hidden)
+        q = int((end - start)[idx].max())  # the widest window (one small read)
+        aq = torch.arange(q, device=self.device)[None, :]
+        valid = aq < (end - start)[idx, None]
+        cols = torch.where(valid, start[idx, None] + aq, r.cap)
+        ids, pos = r.x[idx].gather(1, cols), r.pos[idx].gather(1, cols)
+        key_mask = torch.arange(r.cap + 1, device=self.device)[None, :] < r.L[idx, None]
+        kv = _RowsKV(r, None if all_rows else idx, cols, False, self.model.config.num_layers)
+        hidden = (ar + (s[idx, None] - shift - start[idx, None])).clamp(0, q - 1)
+        return self.model(ids, pos, kv, 0, key_mask, hidden)
+
+    def _commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int) -> torch.Tensor:
+        """Propose, select and write for rows `idx`; returns tokens committed per row."""
+        r = self.rows
+        ar = torch.arange(W, device=self.device)[None, :]
+        valid = ar < r.blk[idx, None]
+        cols = torch.where(valid, s[idx, None] + ar, r.cap)
+        x = r.x[idx]
+        cand = (x.gather(1, cols) == self.mask) & valid
+        tokens = torch.zeros_like(cols)
+        commit = torch.zeros_like(cand)
+        cfgs = r.cfg[idx]
+        for cfg in cfgs.unique().tolist():
+            sel = (cfgs == cfg).nonzero().squeeze(-1)
+            parts = self.parts_by_cfg[cfg]
+            tok, score, ent = self._propose(parts, idx[sel], logits[sel])
+            quota = None
+            if parts.policy.uses_schedule:
+                q = r.quota[idx[sel]].gather(1, r.step[idx[sel], None].clamp(max=r.quota.shape[1] - 1)).squeeze(1)
+                over = r.step[idx[sel]] >= r.spb[idx[sel]]  # a quota could not be met: finish the block
+                quota = torch.where(over, cand[sel].sum(-1), q)
+            # native policies ignore the step index (only Dream's compat policy reads it)
+            c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
+            tokens[sel], commit[sel] = tok, c
+        new = torch.where(commit, tokens, x.gather(1, cols))
+        x.scatter_(1, cols, new)
+        x[:, r.cap] = r.pad_id
+        r.x[idx] = x
+        return commit.sum(-1)
+
+    def _propose(self, parts: DecodeParts, idx: torch.Tensor, logits: torch.Tensor):
+        """Proposals for rows of one setting: batched, except that a row with its own random
+        generator (a seed, with sampling or random order) draws alone, from its own generator and
+        in its own shape, so its draws do not depend on the other rows."""
+        cfg = parts.proposal
+        sampled = cfg.temperature > 0 or cfg.confidence == "random"
+        if not sampled:
+            p = propose(logits, cfg, None)
+            return p.tokens, p.score, p.entropy
+        out = [propose(logits[i : i + 1, : int(self.rows.blk[row])], cfg, self.gens.get(self.rows.reqs[row].id))
+               for i, row in enumerate(idx.tolist())]
+        W = logits.shape[1]
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
+        tokens = torch.cat([pad(p.tokens, self.mask) for p in out])
+        score = torch.cat([pad(p.score, -torch.inf) for p in out])
+        ent = None if out[0].entropy is None else torch.cat([pad(p.entropy, torch.inf) for p in out])
+        return tokens, score, ent
+
+    def _advance(self, run: torch.Tensor, s: torch.Tensor, e: torch.Tensor, committed: torch.Tensor) -> list[StepOutput]:
+        """Per-row bookkeeping after the forwards: steps, block ends, finished rows, streaming."""
+        r = self.rows
+        cols = torch.arange(r.cap + 1, device=self.device)[None, :]
+        in_gen = (cols >= r.P[:, None]) & (cols < r.L[:, None])
+        masked = (r.x == self.mask) & in_gen
+        block_open = (masked & (cols >= s[:, None]) & (cols < e[:, None])).any(-1)
+        # contiguous committed prefix of the answer: up to the first mask (or the end)
+        first_mask = torch.where(masked.any(-1), masked.int().argmax(-1), r.L)
+        prefix = first_mask - r.P
+        block_done = run & ~block_open
+        last_block = r.block + 1 >= r.nblk
+        is_stop = torch.isin(r.x, self.stop_ids) & in_gen
+        has_stop = is_stop.any(-1)
+        first_stop = torch.where(has_stop, is_stop.int().argmax(-1), r.L)
+        stopped = has_stop & (first_mask > first_stop)  # end of text committed, nothing masked before it
+        done = run & ((block_done & last_block) | (stopped & r.early))
+        advance = block_done & ~done
+        r.step = torch.where(run & ~block_done, r.step + 1, r.step)
+        r.block = torch.where(advance, r.block + 1, r.block)
+        r.step = torch.where(advance, torch.zeros_like(r.step), r.step)
+        if bool(advance.any()):
+            r.start_blocks(advance.nonzero().squeeze(-1))
+        stuck = run & block_open & (committed == 0)
+        info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long()], 1).tolist()
+        grew = [i for i, (ran, _, pre, _, _) in enumerate(info) if ran and pre > r.reqs[i].committed]
+        rows_x = dict(zip(grew, r.x[grew].tolist())) if grew else {}  # one transfer for every row that grew
+        now = time.perf_counter()
+        outputs = []
+        for i, (req, (ran, n, pre, fin, bad)) in enumerate(zip(list(r.reqs), info)):
+            if bad:
+                raise RuntimeError(f"request {req.id}: a step committed nothing while its block is open (policy bug)")
+            if not ran:
+                continue
+            req.nfe += 1
+            req.commits.append(n)
+            req.started = req.started or now
+            new_ids = []
+            if i in rows_x:
+                P = len(req.prompt)
+                new_ids = rows_x[i][P + req.committed : P + pre]
+                req.first_commit = req.first_commit or now
+                req.committed = pre
+            outputs.append(StepOutput(req, pre, new_ids, bool(fin)))
+        if bool(done.any()):
+            gone = done.nonzero().squeeze(-1).tolist()
+            rows_all = r.x[gone].tolist()
+            reqs = list(r.reqs)
+            r.keep((~done).nonzero().squeeze(-1))
+            stops = set(self.tokens.stop)
+            for i, row in zip(gone, rows_all):
+                req = reqs[i]
+                P = len(req.prompt)
+                canvas = row[P : P + req.params.gen_length]
+                reason = "stop" if any(t in stops for t in canvas) else "length"
+                self._finish(req, Status.FINISHED, reason, canvas)
+        return outputs
+
+    def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
+        req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()
+        req.canvas = canvas
+
+
+def _setting(p: GenerationParams) -> tuple:
+    """Rows with equal settings share one proposal and one commit policy call."""
+    return (p.policy, p.remasking, p.confidence, p.threshold, p.factor, p.gamma, p.budget, p.cache,
+            p.refresh_interval, p.temperature, p.top_k, p.top_p, p.seed is not None, p.early_stop,
+            p.block_length, p.steps_per_block)
