@@ -438,6 +438,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench_out", help="folder for the JSON and the Pareto PNG")
     b.add_argument("--quiet", action="store_true")
 
+    sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching and streaming")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--served-model-name", default="unmask", help="the model name clients send")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    sv.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together")
+    sv.add_argument("--max-num-batched-tokens", type=int, default=16384, help="positions computed per step")
+    sv.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 429")
+    sv.add_argument("--model", default=None, help=MODEL_HELP)
+    sv.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
+    sv.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
     r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
     r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
     r.add_argument("--model", default=None, help="checkpoint folder or 'default' for the model's size")
@@ -454,8 +466,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from unmask.server.app import build_app
+    except ImportError as e:
+        raise UnmaskError(f"unmask serve needs fastapi and uvicorn: pip install 'unmask[serve]' ({e})") from None
+    from unmask.engine.engine import EngineConfig
+
+    if not 0 <= a.port <= 65535:
+        raise UnmaskError(f"--port {a.port} must be in 0..65535")
+    config = EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                          max_waiting=a.max_waiting)
+    llm = _load(a)
+    if llm.arch.causal:
+        raise UnmaskError("unmask serve runs diffusion models; the AR twin is not served yet")
+    app = build_app(llm, a.served_model_name, a.api_key, config)
+    print(f"unmask: serving {a.served_model_name} ({llm.path}) on http://{a.host}:{a.port} "
+          f"(playground at /, OpenAI API under /v1)", file=sys.stderr)
+    uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
+    return 0
+
+
 COMMANDS = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline,
-            "bench": cmd_bench, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval}
+            "bench": cmd_bench, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval,
+            "serve": cmd_serve}
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

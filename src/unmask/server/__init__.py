@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (`unmask serve`) over the request-level engine."""

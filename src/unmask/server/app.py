@@ -1,0 +1,339 @@
+"""`unmask serve`: an OpenAI-compatible HTTP server over the request-level engine.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+GET /metrics (Prometheus text). Requests are batched continuously by the engine. A stream sends
+only the committed left prefix of the answer: text is never retracted, a chunk goes out as soon
+as the contiguous committed prefix grows, a stop string is honoured across chunk boundaries (up
+to its length minus one characters are held back), and the last chunk carries finish_reason
+(and usage with stream_options.include_usage). Errors use OpenAI's shape: 400 for bad
+parameters or malformed JSON, 401 without the API key, 404 for another model name, 429 when the
+queue is full; an error after a stream started is sent as an error event before the stream
+closes. A client that disconnects aborts its request.
+
+Prompt text that contains the literal text of one of the tokenizer's special tokens (the mask,
+end of text, chat markers) is refused with a 400 that names it: it would otherwise be read as
+that token, not as text. Token-id prompts may use any id but the mask.
+"""
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from unmask.engine.engine import EngineConfig
+from unmask.errors import UnmaskError
+from unmask.llm import LLM
+from unmask.params import GenerationParams, resolve_params
+from unmask.server.async_engine import AsyncEngine, QueueFull
+from unmask.server.protocol import ChatRequest, CompletionRequest
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type_, param
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": status}},
+                        status_code=status)
+
+
+class TextStream:
+    """Committed token ids -> text that is safe to send: cut at the first end-of-text id and at
+    the first stop string; a possibly incomplete character or stop string is held back."""
+
+    def __init__(self, llm: LLM, stops: list[str]) -> None:
+        self.llm, self.stops = llm, stops
+        self.stop_ids = set(llm.token_ids.stop)
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""
+        self.sent = 0
+        self.finish_reason: str | None = None
+
+    def add(self, new_ids: list[int]) -> str:
+        if self.finish_reason is not None:
+            return ""
+        for t in new_ids:
+            if t in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.ids.append(t)
+        self.text = self.llm.tokenizer.decode(self.ids)
+        hits = [self.text.find(s) for s in self.stops if s in self.text]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+        end = len(self.text) if self.finish_reason else len(self.text) - self.hold
+        while end > self.sent and self.text[end - 1] == "\ufffd":  # an incomplete multi-byte character
+            end -= 1
+        delta = self.text[self.sent : max(end, self.sent)]
+        self.sent += len(delta)
+        return delta
+
+    def flush(self) -> str:
+        delta = self.text[self.sent :]
+        self.sent = len(self.text)
+        return delta
+
+
+def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None = None,
+              engine_config: EngineConfig | None = None) -> FastAPI:
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state["engine"] = AsyncEngine(llm.engine(engine_config))
+        try:
+            yield
+        finally:
+            state["engine"].close()
+
+    app = FastAPI(title="unmask", lifespan=lifespan)
+    app.state.llm, app.state.model_name = llm, served_model_name
+    specials = _special_strings(llm)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return _error(e.status, e.message, e.type, e.param)
+
+    @app.exception_handler(UnmaskError)
+    async def _unmask_error(request: Request, e: UnmaskError):
+        return _error(400, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid"),
+                      param=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        return _error(e.status_code, str(e.detail), "not_found_error" if e.status_code == 404 else "invalid_request_error")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization") != f"Bearer {api_key}":
+                return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        engine: AsyncEngine = state["engine"]
+        if engine.error is not None:
+            return _error(503, f"the engine stopped: {engine.error}", "server_error")
+        return {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "unmask", "max_model_len": llm.arch.max_positions}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_prometheus(state["engine"]), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        _check_model(body.model, served_model_name)
+        prompt = body.prompt_value()
+        if isinstance(prompt, str):
+            _check_text(prompt, specials, "prompt")
+            ids = _encode(llm, prompt, chat=False)
+        else:
+            ids = list(prompt)
+        return await _serve(state["engine"], llm, body, ids, request, "completion", served_model_name)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        _check_model(body.model, served_model_name)
+        for i, m in enumerate(body.messages):
+            _check_text(m.content, specials, f"messages.{i}.content")
+        messages = [{"role": m.role, "content": m.content} for m in body.messages]
+        if llm.tokenizer.chat_template is not None:
+            try:
+                text = llm.tokenizer.apply_chat_template(messages)
+            except UnmaskError as e:
+                raise APIError(400, str(e)) from None
+            ids = llm.tokenizer.encode(text, add_special_tokens=False)
+        else:  # no chat template (the embedded models): the last user message is the prompt
+            users = [m["content"] for m in messages if m["role"] == "user"]
+            if not users:
+                raise APIError(400, "messages need a user message", param="messages")
+            ids = _encode(llm, users[-1], chat=False)
+        return await _serve(state["engine"], llm, body, ids, request, "chat", served_model_name)
+
+    return app
+
+
+def _special_strings(llm: LLM) -> list[str]:
+    decoder = llm.tokenizer.tok.get_added_tokens_decoder()
+    return sorted({t.content for t in decoder.values() if t.special}, key=len, reverse=True)
+
+
+def _check_text(text: str, specials: list[str], where: str) -> None:
+    hit = next((s for s in specials if s in text), None)
+    if hit is not None:
+        raise APIError(400, f"{where} contains the special token text {hit!r}; it would be read as that token, "
+                            "not as text (send token ids to use special tokens)", param=where)
+
+
+def _check_model(name: str | None, served: str) -> None:
+    if name is not None and name != served:
+        raise APIError(404, f"model {name!r} does not exist; this server serves {served!r}", "not_found_error", "model")
+
+
+def _encode(llm: LLM, text: str, chat: bool) -> list[int]:
+    try:
+        return llm.encode([text], chat=chat)[0]
+    except UnmaskError as e:
+        raise APIError(400, str(e), param="prompt") from None
+
+
+def _params(llm: LLM, body, ids: list[int]) -> GenerationParams:
+    try:
+        params = resolve_params(body.generation_fields(), llm.generation_defaults, fast=True)
+        llm._check_prompts([ids], params)
+        body.stops()
+    except UnmaskError as e:
+        raise APIError(400, str(e)) from None
+    return params
+
+
+def _usage(req, stream: TextStream, prompt_len: int) -> dict:
+    n = len(stream.ids)
+    return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
+            "nfe": req.nfe if req else 0,
+            "tokens_per_forward": (n + (stream.finish_reason == "stop")) / req.nfe if req and req.nfe else 0.0}
+
+
+async def _serve(engine: AsyncEngine, llm: LLM, body, ids: list[int], request: Request, kind: str, model: str):
+    params = _params(llm, body, ids)
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    try:
+        queue = engine.submit(rid, ids, params)
+    except QueueFull as e:
+        raise APIError(429, str(e), "rate_limit_error") from None
+    except UnmaskError as e:
+        raise APIError(503, str(e), "server_error") from None
+    stream = TextStream(llm, body.stops())
+    created = int(time.time())
+
+    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+        if kind == "chat":
+            d = {"content": delta} if delta is not None else {}
+            if first:
+                d = {"role": "assistant", **d}
+            choice = {"index": 0, "delta": d, "finish_reason": finish}
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [choice]}
+        return {"id": rid, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+
+    async def updates():
+        """The request's StepOutputs until it finishes (or its text hits a stop)."""
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return
+                continue
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if stream.finish_reason is not None:
+                return
+
+    if body.stream:
+        async def events():
+            req, done = None, False
+            first = True
+            try:
+                async for out in updates():
+                    req = out.request
+                    delta = stream.add(out.new_ids)
+                    if delta:
+                        yield _sse(chunk(delta, None, first))
+                        first = False
+                    done = out.finished or stream.finish_reason is not None
+                    if done:
+                        break
+                tail = stream.flush()
+                if tail or first:
+                    yield _sse(chunk(tail, None, first))
+                reason = stream.finish_reason or (req.finish_reason if req and req.finish_reason else "length")
+                yield _sse(chunk(None, "stop" if reason == "stop" else "length"))
+                if body.stream_options and body.stream_options.include_usage:
+                    yield _sse({"id": rid, "object": chunk(None, None)["object"], "created": created, "model": model,
+                                "choices": [], "usage": _usage(req, stream, len(ids))})
+                yield "data: [DONE]\n\n"
+            except Exception as e:  # an error after the stream started: an error event, then close
+                yield _sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
+            finally:
+                if not done:
+                    engine.abort(rid)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    req, done = None, False
+    try:
+        async for out in updates():
+            req = out.request
+            stream.add(out.new_ids)
+            done = out.finished or stream.finish_reason is not None
+            if done:
+                break
+    finally:
+        if not done:
+            engine.abort(rid)
+    if req is None and not done:
+        raise APIError(499, "client closed the request")
+    stream.flush()
+    reason = stream.finish_reason or (req.finish_reason if req and req.finish_reason else "length")
+    reason = "stop" if reason == "stop" else "length"
+    usage = _usage(req, stream, len(ids))
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": stream.text}, "finish_reason": reason}
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+                "usage": usage}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": stream.text, "logprobs": None, "finish_reason": reason}], "usage": usage}
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def _prometheus(engine: AsyncEngine) -> str:
+    m = engine.metrics
+    lines = [
+        "# HELP unmask_requests_running Requests in the running batch.", "# TYPE unmask_requests_running gauge",
+        f"unmask_requests_running {engine.num_running}",
+        "# HELP unmask_requests_waiting Requests queued.", "# TYPE unmask_requests_waiting gauge",
+        f"unmask_requests_waiting {engine.num_waiting}",
+        "# HELP unmask_requests_total Requests that ended, by how.", "# TYPE unmask_requests_total counter",
+        f'unmask_requests_total{{status="finished"}} {m.finished}',
+        f'unmask_requests_total{{status="aborted"}} {m.aborted}',
+        "# HELP unmask_request_forwards_total Forwards summed over requests (NFE).",
+        "# TYPE unmask_request_forwards_total counter", f"unmask_request_forwards_total {m.nfe}",
+        "# HELP unmask_tokens_committed_total Tokens committed.", "# TYPE unmask_tokens_committed_total counter",
+        f"unmask_tokens_committed_total {m.tokens}",
+        "# HELP unmask_tokens_per_forward Tokens committed per request-forward.",
+        "# TYPE unmask_tokens_per_forward gauge", f"unmask_tokens_per_forward {m.tokens / m.nfe if m.nfe else 0.0}",
+    ]
+    lines += m.step_seconds.prometheus("unmask_step_seconds", "Engine step time.")
+    lines += m.ttft.prometheus("unmask_time_to_first_token_seconds", "Arrival to the first committed token.")
+    return "\n".join(lines) + "\n"

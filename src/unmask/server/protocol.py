@@ -1,0 +1,95 @@
+"""OpenAI-compatible request bodies, with unmask's diffusion knobs as extra fields.
+
+Unknown fields are refused (400) rather than ignored, so a misspelt knob never silently does
+nothing; the OpenAI fields that unmask accepts but cannot honour are listed with the values it
+takes (e.g. `logprobs` only false)."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from unmask.errors import UnmaskError
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)  # the canvas length (gen_length)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1)  # one choice per request (send n requests for n samples)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logprobs: Literal[False] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None
+    presence_penalty: Literal[0, 0.0] | None = None
+    # diffusion knobs (GenerationParams fields)
+    gen_length: int | None = None
+    block_length: int | None = None
+    steps: int | None = None
+    policy: str | None = None
+    remasking: str | None = None
+    confidence: str | None = None
+    threshold: float | None = None
+    factor: float | None = None
+    gamma: float | None = None
+    budget: float | None = None
+    cache: str | None = None
+    refresh_interval: int | None = None
+    top_k: int | None = None
+    # the playground's per-step event stream (not an OpenAI field)
+    unmask_events: bool = False
+
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stops) or len(stops) > 8:
+            raise UnmaskError("stop takes at most 8 non-empty strings")
+        return stops
+
+    def generation_fields(self) -> dict:
+        """GenerationParams fields this request sets (None = not given)."""
+        length = self.gen_length or self.max_tokens or self.max_completion_tokens
+        if self.gen_length and (self.max_tokens or self.max_completion_tokens) and \
+                self.gen_length != (self.max_tokens or self.max_completion_tokens):
+            raise UnmaskError("give gen_length or max_tokens, not two different lengths")
+        out = {"gen_length": length, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        for name in ("block_length", "steps", "policy", "remasking", "confidence", "threshold", "factor", "gamma",
+                     "budget", "cache", "refresh_interval", "top_k"):
+            out[name] = getattr(self, name)
+        return out
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str]
+    echo: Literal[False] | None = None
+
+    def prompt_value(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            if len(p) != 1:
+                raise UnmaskError("prompt: one prompt per request (send several requests for a batch)")
+            p = p[0]
+        if isinstance(p, list) and not p:
+            raise UnmaskError("prompt is empty")
+        return p
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)

@@ -1,0 +1,290 @@
+"""`unmask serve` through real clients on loopback: the official openai client, raw HTTP for
+errors, concurrent and cancelled streams, and fuzzed bodies. Every server binds 127.0.0.1 on a
+free port and stops with its test module."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from unmask import LLM, GenerationParams  # noqa: E402
+from unmask.engine.engine import Engine, EngineConfig  # noqa: E402
+from unmask.server.app import build_app  # noqa: E402
+
+PROMPTS = ["copy : red 4 owl", "sort : 7 4 0", "json : name bob age 3 4 city rome", "reverse : sun 3 cat tree"]
+
+
+class Server:
+    def __init__(self, llm, **kw) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = build_app(llm, **kw)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    s = Server(llm, served_model_name="default")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def _offline(llm, prompt, **kw):
+    return llm.generate([prompt], llm.default_params(**kw)).results[0].text
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_completion_stream_equals_non_stream_equals_llm_generate(llm, client, prompt):
+    plain = client.completions.create(model="default", prompt=prompt)
+    chunks = list(client.completions.create(model="default", prompt=prompt, stream=True))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert plain.choices[0].text == streamed == _offline(llm, prompt)
+    assert plain.choices[0].finish_reason == "stop" and chunks[-1].choices[0].finish_reason == "stop"
+    assert plain.usage.completion_tokens == len(llm.encode(plain.choices[0].text, chat=False)[0]) - 1  # minus BOS
+
+
+def test_chat_stream_and_usage(llm, client):
+    messages = [{"role": "user", "content": "copy : red 4 owl"}]
+    plain = client.chat.completions.create(model="default", messages=messages)
+    chunks = list(client.chat.completions.create(model="default", messages=messages, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert plain.choices[0].message.content == text == "red 4 owl"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    extra = plain.usage.model_extra
+    assert extra["nfe"] >= 1 and extra["tokens_per_forward"] > 0
+
+
+def test_diffusion_knobs_as_extra_body_fields(llm, client):
+    kw = dict(policy="fixed", steps=24, cache="none", block_length=8)
+    out = client.completions.create(model="default", prompt=PROMPTS[2], extra_body=kw)
+    assert out.choices[0].text == _offline(llm, PROMPTS[2], **kw)
+    assert out.usage.model_extra["nfe"] > 3  # one token per step
+
+
+def test_stop_strings_across_chunks(client):
+    chunks = list(client.completions.create(model="default", prompt=PROMPTS[2], stream=True, stop=["\" , \"age"],
+                                            extra_body=dict(policy="fixed", steps=24, cache="none")))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == '{ "name" : "bob'
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_is_the_canvas_and_length_is_reported(client):
+    out = client.completions.create(model="default", prompt="json : name bob age 3 4 city rome", max_tokens=4)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens <= 4
+
+
+@pytest.mark.parametrize("body,status,needle", [
+    ({"prompt": "copy : red 4 owl", "threshold": 2}, 400, "threshold 2.0 is outside (0, 1]"),
+    ({"prompt": "copy : red 4 owl", "colour": 1}, 400, "colour"),
+    ({"prompt": "copy : red 4 owl", "model": "gpt-9"}, 404, "model 'gpt-9' does not exist"),
+    ({"prompt": "copy : <|mdm_mask|> owl"}, 400, "special token text '<|mdm_mask|>'"),
+    ({"prompt": "copy : red banana owl"}, 400, "not in the vocabulary: 'banana'"),
+    ({"prompt": [1, 2, 999]}, 400, "outside the vocabulary"),
+    ({"prompt": "copy : red 4 owl", "max_tokens": 5, "block_length": 4}, 400, "not a multiple of block_length"),
+    ({"prompt": "copy : red 4 owl", "n": 2}, 400, "n"),
+    ({}, 400, "prompt"),
+])
+def test_errors_in_openai_shape(server, body, status, needle):
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and err["type"]
+
+
+def test_malformed_json_is_400(server):
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_api_key(llm):
+    s = Server(llm, api_key="sekret")
+    try:
+        assert httpx.get(s.url + "/v1/models").status_code == 401
+        ok = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
+        assert ok.models.list().data[0].id == "unmask"
+        assert httpx.get(s.url + "/health").status_code == 200  # health needs no key
+    finally:
+        s.stop()
+
+
+def test_health_models_metrics(server, client):
+    client.completions.create(model="default", prompt=PROMPTS[0])
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    assert client.models.list().data[0].id == "default"
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("unmask_requests_running", "unmask_requests_waiting", "unmask_request_forwards_total",
+                 "unmask_tokens_per_forward", "unmask_step_seconds_bucket", "unmask_time_to_first_token_seconds_count"):
+        assert name in text
+
+
+@pytest.fixture()
+def slow_steps(monkeypatch):
+    """Make each engine step take at least `delay` seconds, so that requests are still running
+    when a test cancels them or fills the queue."""
+    real = Engine.step
+
+    def slow(self):
+        time.sleep(slow.delay)
+        return real(self)
+
+    slow.delay = 0.02
+    monkeypatch.setattr(Engine, "step", slow)
+    return slow
+
+
+def test_64_concurrent_streams_16_cancelled(llm, slow_steps):
+    s = Server(llm, engine_config=EngineConfig(max_num_seqs=16))
+    try:
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(64)]
+        body = lambda p: {"prompt": p, "stream": True, "policy": "fixed", "steps": 24, "cache": "dual"}  # noqa: E731
+
+        async def one(client, i):
+            text = ""
+            async with client.stream("POST", s.url + "/v1/completions", json=body(prompts[i])) as r:
+                if i % 4 == 0:  # 16 clients leave once their stream has started
+                    assert r.status_code == 200
+                    return None
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        text += json.loads(line[6:])["choices"][0]["text"]
+            return text
+
+        async def main():
+            async with httpx.AsyncClient(timeout=120) as client:
+                return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+        texts = asyncio.run(main())
+        alone = {p: _offline(llm, p, policy="fixed", steps=24, cache="dual") for p in PROMPTS}
+        for i, t in enumerate(texts):
+            if i % 4:
+                assert t == alone[prompts[i]], i
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            h = httpx.get(s.url + "/health").json()
+            if h["running"] == 0 and h["waiting"] == 0:
+                break
+            time.sleep(0.05)
+        assert h["running"] == 0 and h["waiting"] == 0
+        metrics = httpx.get(s.url + "/metrics").text
+        aborted = int(next(line.split()[-1] for line in metrics.splitlines()
+                           if line.startswith('unmask_requests_total{status="aborted"}')))
+        assert aborted == 16
+    finally:
+        s.stop()
+
+
+def test_queue_full_is_429(llm, slow_steps):
+    slow_steps.delay = 0.3
+    s = Server(llm, engine_config=EngineConfig(max_num_seqs=1, max_waiting=2))
+    try:
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as client:
+                post = lambda: client.post(s.url + "/v1/completions", json={"prompt": PROMPTS[0]})  # noqa: E731
+                first = asyncio.create_task(post())
+                await asyncio.sleep(0.1)
+                second = asyncio.create_task(post())
+                await asyncio.sleep(0.1)
+                third = await post()
+                return [await first, await second, third]
+
+        codes = [r.status_code for r in asyncio.run(main())]
+        assert codes[:2] == [200, 200] and codes[2] == 429
+    finally:
+        s.stop()
+
+
+def test_sequential_requests_leave_no_state(llm, server, client):
+    for i in range(40):
+        client.completions.create(model="default", prompt=PROMPTS[i % 4])
+    h = httpx.get(server.url + "/health").json()
+    assert h["running"] == 0 and h["waiting"] == 0
+
+
+BODIES = st.dictionaries(
+    st.sampled_from(["prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "policy", "threshold",
+                     "cache", "block_length", "gen_length", "steps", "model", "n", "top_k", "gamma", "logprobs", "x"]),
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 600), st.floats(allow_nan=False, allow_infinity=False),
+              st.text(max_size=10), st.sampled_from(PROMPTS + ["threshold", "dual", "default", "fixed"]),
+              st.lists(st.integers(0, 140), max_size=4), st.lists(st.text(max_size=3), max_size=2)),
+    max_size=6)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=BODIES)
+def test_fuzzed_bodies_never_500(server, body):
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code >= 400:
+        assert "error" in r.json()
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_generation_params_of_the_server_match_the_offline_defaults(llm):
+    assert llm.default_params() == llm.default_params(**{}) == GenerationParams(**{
+        **GenerationParams().__dict__, "gen_length": 24, "block_length": 24, "steps": 24, "policy": "threshold",
+        "threshold": 0.9, "cache": "dual"})
+
+
+def test_unmask_serve_command(tmp_path):
+    """The CLI entry: `unmask serve` on a free loopback port answers the openai client, then stops."""
+    import os
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen([sys.executable, "-m", "unmask", "serve", "--port", str(port), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(0.2)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert c.completions.create(model="unmask", prompt="copy : red 4 owl").choices[0].text == "red 4 owl"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
