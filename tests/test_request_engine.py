@@ -158,3 +158,17 @@ def test_many_requests_leave_no_state_behind(llada):
             engine.release(r.id)
     assert not engine.requests and engine.num_running == 0 and engine.rows.k is None
     assert engine.rows.x.shape[0] == 0 and torch.equal(engine.rows.L, engine.rows.L[:0])
+
+
+def test_static_scheduling_drains_before_admitting(llada):
+    """The load benchmark's baseline: a new request waits until the running batch has drained."""
+    engine = llada.engine(EngineConfig(max_num_seqs=2, scheduling="static", static_wait=0.0))
+    kw = GenerationParams(**SETTINGS[1]).check()
+    a = engine.add_request(PROMPTS[0], kw)
+    engine.step()
+    b = engine.add_request(PROMPTS[1], kw)
+    while a.status != Status.FINISHED:
+        engine.step()
+        assert b.status == Status.WAITING or a.status == Status.FINISHED
+    _run(engine)
+    assert b.canvas == _alone(llada, PROMPTS[1], SETTINGS[1])

@@ -3,6 +3,7 @@ errors, concurrent and cancelled streams, and fuzzed bodies. Every server binds 
 free port and stops with its test module."""
 
 import asyncio
+import itertools
 import json
 import socket
 import threading
@@ -205,6 +206,8 @@ def test_64_concurrent_streams_16_cancelled(llm, slow_steps):
         aborted = int(next(line.split()[-1] for line in metrics.splitlines()
                            if line.startswith('unmask_requests_total{status="aborted"}')))
         assert aborted == 16
+        engine = s.app.state.engine.engine
+        assert not engine.requests and engine.rows.k is None and engine.rows.x.shape[0] == 0  # memory freed
     finally:
         s.stop()
 
@@ -229,11 +232,24 @@ def test_queue_full_is_429(llm, slow_steps):
         s.stop()
 
 
-def test_sequential_requests_leave_no_state(llm, server, client):
-    for i in range(40):
-        client.completions.create(model="default", prompt=PROMPTS[i % 4])
-    h = httpx.get(server.url + "/health").json()
-    assert h["running"] == 0 and h["waiting"] == 0
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_1000_sequential_requests_leave_memory_flat(server):
+    with httpx.Client(timeout=60) as c:
+        post = lambda i: c.post(server.url + "/v1/completions", json={"prompt": PROMPTS[i % 4]})  # noqa: E731
+        for i in range(100):  # warm-up: allocator pools, caches
+            assert post(i).status_code == 200
+        before = _rss_mib()
+        for i in range(1000):
+            assert post(i).status_code == 200
+        after = _rss_mib()
+    engine = server.app.state.engine
+    assert engine.num_running == 0 and engine.num_waiting == 0
+    assert not engine.engine.requests and engine.engine.rows.k is None
+    assert after - before < 25, (before, after)  # MiB
 
 
 BODIES = st.dictionaries(
@@ -288,3 +304,111 @@ def test_unmask_serve_command(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+def test_playground_event_stream(llm, server):
+    """Every step: the whole canvas, each position masked, proposed or committed; committed
+    positions never change; the last event's text equals the API's answer."""
+    body = {"prompt": PROMPTS[2], "policy": "fixed", "steps": 24, "cache": "dual"}
+    events = []
+    with httpx.stream("POST", server.url + "/playground/stream", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    steps = [e for e in events if e["type"] == "step"]
+    assert events[-1]["type"] == "done" and len(steps) > 3
+    assert all(len(e["cells"]) == 24 for e in steps)
+    assert any(c["state"] == "proposed" for e in steps for c in e["cells"])
+    for a, b in zip(steps, steps[1:]):  # committed text is final
+        for ca, cb in zip(a["cells"], b["cells"]):
+            if ca["state"] == "committed":
+                assert cb == ca
+    assert [e["nfe"] for e in steps] == list(range(1, len(steps) + 1))
+    api = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    assert events[-1]["text"] == api == _offline(llm, PROMPTS[2], policy="fixed", steps=24, cache="dual")
+    assert "unmask playground" in httpx.get(server.url + "/").text
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (websocket-client): open a page,
+    evaluate JavaScript in it."""
+
+    def __init__(self) -> None:
+        import re
+        import subprocess
+        import tempfile
+
+        import websocket
+
+        self.profile = tempfile.TemporaryDirectory()
+        self.proc = subprocess.Popen(
+            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+             f"--user-data-dir={self.profile.name}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        port = None
+        while port is None and time.time() < deadline:
+            line = self.proc.stderr.readline()
+            m = re.search(r"DevTools listening on ws://127\.0\.0\.1:(\d+)/", line)
+            port = int(m.group(1)) if m else None
+        assert port is not None, "Chromium did not start its DevTools endpoint"
+        page = next(t for t in httpx.get(f"http://127.0.0.1:{port}/json/list").json() if t["type"] == "page")
+        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60)
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, **params):
+        i = next(self.ids)
+        self.ws.send(json.dumps({"id": i, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == i:
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    def eval(self, expression: str):
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.profile.cleanup()
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium (.ci/run installs Debian's chromium)")
+def test_playground_in_a_headless_browser(server, client):
+    """Chromium loads the page, submits a prompt (autorun), waits for the final text; it equals the
+    API's answer for the same request, and the canvas shows committed cells."""
+    import urllib.parse
+
+    browser = Browser()
+    try:
+        query = urllib.parse.urlencode({"prompt": PROMPTS[2], "policy": "fixed", "cache": "none", "autorun": "1"})
+        browser.call("Page.navigate", url=f"{server.url}/?{query}")
+        deadline = time.time() + 60
+        done = None
+        while time.time() < deadline:
+            done = browser.eval("document.getElementById('final') && document.getElementById('final').dataset.done")
+            if done in ("1", "error"):
+                break
+            time.sleep(0.1)
+        final = browser.eval("document.getElementById('final').textContent")
+        assert done == "1", final
+        streamed = browser.eval("document.getElementById('streamed').textContent")
+        cells = browser.eval("[...document.querySelectorAll('#canvas .cell')].map(c => c.className)")
+        stats = browser.eval("document.getElementById('stats').textContent")
+    finally:
+        browser.close()
+    api = client.completions.create(model="default", prompt=PROMPTS[2],
+                                    extra_body={"policy": "fixed", "cache": "none"}).choices[0].text
+    assert final == streamed == api == '{ "name" : "bob" , "age" : 3 4 , "city" : "rome" }'
+    assert len(cells) == 24 and "cell committed" in cells
+    assert stats.startswith("step ") and "NFE" in stats

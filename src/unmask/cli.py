@@ -446,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded together")
     sv.add_argument("--max-num-batched-tokens", type=int, default=16384, help="positions computed per step")
     sv.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 429")
+    sv.add_argument("--scheduling", default="continuous",
+                    help="continuous (requests join at the next step) or static (batches drain first; a baseline)")
     sv.add_argument("--model", default=None, help=MODEL_HELP)
     sv.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     sv.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -478,7 +480,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise UnmaskError(f"--port {a.port} must be in 0..65535")
     config = EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                          max_waiting=a.max_waiting)
+                          max_waiting=a.max_waiting, scheduling=a.scheduling)
     llm = _load(a)
     if llm.arch.causal:
         raise UnmaskError("unmask serve runs diffusion models; the AR twin is not served yet")

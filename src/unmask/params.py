@@ -103,6 +103,9 @@ class GenerationParams:
             raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
         if p.total_steps % p.num_blocks:
             raise UnmaskError(f"steps {p.total_steps} is not a multiple of the number of blocks {p.num_blocks}")
+        if p.refresh_interval is not None and not CACHES[p.cache].refreshes:
+            raise UnmaskError(f"refresh_interval {p.refresh_interval} applies to a cache that keeps KV "
+                              f"({', '.join(n for n, c in CACHES.items() if c.refreshes)}), not to cache {p.cache}")
         if p.policy == "budget" and p.confidence == "neg_entropy":
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
         if p.alg is not None and p.compat != "dream":
@@ -224,4 +227,21 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
             given["policy"] = implied_policy(given)
         values = {**decoding, **values}
     values.update({k: v for k, v in given.items() if k not in SHAPE and v is not None})
-    return GenerationParams(**values).check()
+    params = GenerationParams(**values).check()
+    _check_knobs_apply(given, params)
+    return params
+
+
+def _check_knobs_apply(given: dict, p: GenerationParams) -> None:
+    """A knob the caller gave must be one the decode uses: `--gamma` with the threshold policy,
+    or `--steps` with the entropy policy, would otherwise do nothing without a word."""
+    if p.compat is not None:
+        return  # a compat mode checks its own parameters
+    for name, cls in POLICIES.items():
+        if name == p.policy:
+            continue
+        own = set(cls.implied_by()) - set(POLICIES[p.policy].implied_by())
+        for knob in sorted(own & {k for k, v in given.items() if v is not None}):
+            if knob == "steps" and "gen_length" in given:
+                continue
+            raise UnmaskError(f"{knob} applies to policy {name}, not to policy {p.policy}")

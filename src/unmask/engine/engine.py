@@ -42,12 +42,21 @@ class EngineConfig:
     max_num_seqs: int = 64  # requests decoded together
     max_num_batched_tokens: int = 16384  # positions computed per step, over all rows
     max_waiting: int = 4096  # queued requests beyond which add_request refuses
+    # "continuous": a request joins at the next step. "static" (the baseline that the load
+    # benchmark compares with): a batch is admitted only when the running one has drained, once
+    # max_num_seqs requests wait or the oldest has waited static_wait seconds
+    scheduling: str = "continuous"
+    static_wait: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
+        if self.scheduling not in ("continuous", "static"):
+            raise UnmaskError(f"scheduling {self.scheduling!r} must be continuous or static")
+        if not (isinstance(self.static_wait, (int, float)) and 0 <= self.static_wait < 3600):
+            raise UnmaskError(f"static_wait {self.static_wait!r} must be seconds in [0, 3600)")
 
 
 class Status(str, Enum):
@@ -73,6 +82,8 @@ class Request:
     started: float | None = None  # first forward
     first_commit: float | None = None  # first step that grew the committed prefix
     finished: float | None = None
+    watch: bool = False  # report the whole canvas and this step's proposals (the playground)
+    proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step
 
     @property
     def done(self) -> bool:
@@ -87,6 +98,7 @@ class StepOutput:
     committed: int  # contiguous committed prefix after this step
     new_ids: list[int]  # the ids that extended the committed prefix in this step
     finished: bool
+    canvas: list[int] | None = None  # watched requests: the answer region after this step (MASK = open)
 
 
 @dataclass
@@ -227,10 +239,13 @@ class Engine:
         self.gens: dict[str, torch.Generator] = {}
         self.trace: list[ForwardRecord] = []
         self._ids = itertools.count()
+        self._watching = 0  # watched requests in the engine (their rows cost one transfer per step)
 
     # --- requests --------------------------------------------------------------------------------
-    def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None) -> Request:
-        """Queue a tokenised prompt. `params` must be checked; compat modes are refused."""
+    def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
+                    watch: bool = False) -> Request:
+        """Queue a tokenised prompt. `params` must be checked; compat modes are refused. A watched
+        request's StepOutputs carry its whole canvas and `Request.proposal` this step's proposals."""
         if params.compat is not None:
             raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
         if len(self.waiting) >= self.config.max_waiting:
@@ -238,9 +253,10 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
-        req = Request(rid, list(prompt), params, build_parts(params, self.tokens), time.perf_counter())
+        req = Request(rid, list(prompt), params, build_parts(params, self.tokens), time.perf_counter(), watch=watch)
         self.requests[rid] = req
         self.waiting.append(req)
+        self._watching += watch
         if params.seed is not None:
             self.gens[rid] = torch.Generator(self.device).manual_seed(params.seed)
         return req
@@ -319,6 +335,12 @@ class Engine:
         return outputs
 
     def _admit(self) -> None:
+        if self.config.scheduling == "static":
+            if self.rows.n or not self.waiting:
+                return  # the running batch drains first
+            full = len(self.waiting) >= self.config.max_num_seqs
+            if not full and time.perf_counter() - self.waiting[0].arrival < self.config.static_wait:
+                return
         while self.waiting and self.rows.n < self.config.max_num_seqs:
             req = self.waiting.pop(0)
             key = _setting(req.params)
@@ -399,6 +421,14 @@ class Engine:
             # native policies ignore the step index (only Dream's compat policy reads it)
             c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
             tokens[sel], commit[sel] = tok, c
+        watched = [i for i, row in enumerate(idx.tolist()) if r.reqs[row].watch] if self._watching else []
+        if watched:  # the playground's view: what each open position would become this step
+            open_ = (cand & ~commit)[watched].tolist()
+            props, where = tokens[watched].tolist(), (cols[watched] - s[idx[watched], None]).tolist()
+            for k, i in enumerate(watched):
+                req = r.reqs[int(idx[i])]
+                base = int(r.blk[idx[i]]) * int(r.block[idx[i]])
+                req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
         new = torch.where(commit, tokens, x.gather(1, cols))
         x.scatter_(1, cols, new)
         x[:, r.cap] = r.pad_id
@@ -448,7 +478,8 @@ class Engine:
             r.start_blocks(advance.nonzero().squeeze(-1))
         stuck = run & block_open & (committed == 0)
         info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long()], 1).tolist()
-        grew = [i for i, (ran, _, pre, _, _) in enumerate(info) if ran and pre > r.reqs[i].committed]
+        grew = [i for i, (ran, _, pre, _, _) in enumerate(info)
+                if ran and (pre > r.reqs[i].committed or r.reqs[i].watch)]
         rows_x = dict(zip(grew, r.x[grew].tolist())) if grew else {}  # one transfer for every row that grew
         now = time.perf_counter()
         outputs = []
@@ -460,13 +491,16 @@ class Engine:
             req.nfe += 1
             req.commits.append(n)
             req.started = req.started or now
-            new_ids = []
+            new_ids, canvas = [], None
             if i in rows_x:
                 P = len(req.prompt)
-                new_ids = rows_x[i][P + req.committed : P + pre]
-                req.first_commit = req.first_commit or now
-                req.committed = pre
-            outputs.append(StepOutput(req, pre, new_ids, bool(fin)))
+                if pre > req.committed:
+                    new_ids = rows_x[i][P + req.committed : P + pre]
+                    req.first_commit = req.first_commit or now
+                    req.committed = pre
+                if req.watch:
+                    canvas = rows_x[i][P : P + req.params.gen_length]
+            outputs.append(StepOutput(req, pre, new_ids, bool(fin), canvas))
         if bool(done.any()):
             gone = done.nonzero().squeeze(-1).tolist()
             rows_all = r.x[gone].tolist()
@@ -484,6 +518,7 @@ class Engine:
     def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
         req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()
         req.canvas = canvas
+        self._watching -= req.watch
 
 
 def _setting(p: GenerationParams) -> tuple:

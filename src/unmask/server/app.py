@@ -1,7 +1,8 @@
 """`unmask serve`: an OpenAI-compatible HTTP server over the request-level engine.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
-GET /metrics (Prometheus text). Requests are batched continuously by the engine. A stream sends
+GET /metrics (Prometheus text), and the playground: GET / (a page) with its per-step event stream
+POST /playground/stream. Requests are batched continuously by the engine. A stream sends
 only the committed left prefix of the answer: text is never retracted, a chunk goes out as soon
 as the contiguous committed prefix grows, a stop string is honoured across chunk boundaries (up
 to its length minus one characters are held back), and the last chunk carries finish_reason
@@ -20,10 +21,11 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from unmask.engine.engine import EngineConfig
@@ -32,6 +34,9 @@ from unmask.llm import LLM
 from unmask.params import GenerationParams, resolve_params
 from unmask.server.async_engine import AsyncEngine, QueueFull
 from unmask.server.protocol import ChatRequest, CompletionRequest
+
+
+PLAYGROUND = Path(__file__).parent / "playground.html"
 
 
 class APIError(Exception):
@@ -90,7 +95,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["engine"] = AsyncEngine(llm.engine(engine_config))
+        state["engine"] = app.state.engine = AsyncEngine(llm.engine(engine_config))
         try:
             yield
         finally:
@@ -132,6 +137,67 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
         if engine.error is not None:
             return _error(503, f"the engine stopped: {engine.error}", "server_error")
         return {"status": "ok", "running": engine.num_running, "waiting": engine.num_waiting}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground():
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
+    @app.post("/playground/stream")
+    async def playground_stream(body: CompletionRequest, request: Request):
+        """The playground's opt-in event stream: after every step, the whole answer canvas with
+        each position's state (masked, proposed this step, committed), the step count, NFE and
+        tokens per forward; then the final text. Not an OpenAI endpoint."""
+        prompt = body.prompt_value()
+        if not isinstance(prompt, str):
+            raise APIError(400, "the playground takes a text prompt", param="prompt")
+        _check_text(prompt, specials, "prompt")
+        ids = _encode(llm, prompt, chat=False)
+        params = _params(llm, body, ids)
+        engine: AsyncEngine = state["engine"]
+        rid = f"play-{uuid.uuid4().hex[:24]}"
+        try:
+            queue = engine.submit(rid, ids, params, watch=True)
+        except QueueFull as e:
+            raise APIError(429, str(e), "rate_limit_error") from None
+        stream = TextStream(llm, body.stops())
+        stop_ids = set(llm.token_ids.stop)
+
+        def piece(t: int) -> str:  # end of text shows as one mark, not its long special-token name
+            return "∎" if t in stop_ids else llm.tokenizer.decode([t], skip_special_tokens=False)
+
+        async def events():
+            done, step, committed_total = False, 0, 0
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None or isinstance(item, BaseException):
+                        break
+                    step += 1
+                    committed_total += item.request.commits[-1] if item.request.commits else 0
+                    stream.add(item.new_ids)
+                    proposal = item.request.proposal
+                    cells = []
+                    for j, t in enumerate(item.canvas or []):
+                        if t != llm.token_ids.mask:
+                            cells.append({"state": "committed", "text": piece(t)})
+                        elif j in proposal:
+                            cells.append({"state": "proposed", "text": piece(proposal[j])})
+                        else:
+                            cells.append({"state": "masked", "text": ""})
+                    yield _sse({"type": "step", "step": step, "nfe": item.request.nfe, "cells": cells,
+                                "committed": item.committed, "tokens_per_forward": committed_total / step,
+                                "text": stream.text})
+                    if item.finished or stream.finish_reason is not None:
+                        done = True
+                        break
+                stream.flush()
+                yield _sse({"type": "done", "text": stream.text, "nfe": step,
+                            "finish_reason": stream.finish_reason or "length"})
+            finally:
+                if not done:
+                    engine.abort(rid)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.get("/v1/models")
     async def models():

@@ -69,7 +69,7 @@ class AsyncEngine:
         return self.engine.config
 
     # --- from the event loop -------------------------------------------------------------------
-    def submit(self, request_id: str, prompt: list[int], params: GenerationParams) -> asyncio.Queue:
+    def submit(self, request_id: str, prompt: list[int], params: GenerationParams, watch: bool = False) -> asyncio.Queue:
         """Queue a request; its StepOutputs (and a final None) arrive on the returned queue."""
         if self._closed:
             raise UnmaskError("the server is shutting down")
@@ -78,7 +78,7 @@ class AsyncEngine:
                 raise QueueFull(f"the queue is full ({self.config.max_waiting} requests waiting); try again later")
             q: asyncio.Queue = asyncio.Queue()
             self._queues[request_id] = (asyncio.get_running_loop(), q)
-            self._inbox.append(("add", request_id, prompt, params))
+            self._inbox.append(("add", request_id, prompt, params, watch))
             self._pending += 1
         self._wake.set()
         return q
@@ -112,6 +112,9 @@ class AsyncEngine:
                     continue
                 t0 = time.perf_counter()
                 outs = self.engine.step()
+                if not outs and self.engine.num_running == 0:  # static scheduling: a batch is filling
+                    time.sleep(0.002)
+                    continue
                 self._record(outs, time.perf_counter() - t0)
                 for out in outs:
                     self._deliver(out.request.id, out)
@@ -129,11 +132,11 @@ class AsyncEngine:
             items, self._inbox = self._inbox, []
         for item in items:
             if item[0] == "add":
-                _, rid, prompt, params = item
+                _, rid, prompt, params, watch = item
                 with self._lock:
                     self._pending -= 1
                 try:
-                    self.engine.add_request(prompt, params, rid)
+                    self.engine.add_request(prompt, params, rid, watch=watch)
                 except UnmaskError as e:
                     self._deliver(rid, e)
                     self._deliver(rid, None)

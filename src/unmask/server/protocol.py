@@ -47,8 +47,7 @@ class _Common(BaseModel):
     cache: str | None = None
     refresh_interval: int | None = None
     top_k: int | None = None
-    # the playground's per-step event stream (not an OpenAI field)
-    unmask_events: bool = False
+    ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -62,7 +61,8 @@ class _Common(BaseModel):
         if self.gen_length and (self.max_tokens or self.max_completion_tokens) and \
                 self.gen_length != (self.max_tokens or self.max_completion_tokens):
             raise UnmaskError("give gen_length or max_tokens, not two different lengths")
-        out = {"gen_length": length, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+        out = {"gen_length": length, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+               "early_stop": False if self.ignore_eos else None}
         for name in ("block_length", "steps", "policy", "remasking", "confidence", "threshold", "factor", "gamma",
                      "budget", "cache", "refresh_interval", "top_k"):
             out[name] = getattr(self, name)
