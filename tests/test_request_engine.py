@@ -172,3 +172,14 @@ def test_static_scheduling_drains_before_admitting(llada):
         assert b.status == Status.WAITING or a.status == Status.FINISHED
     _run(engine)
     assert b.canvas == _alone(llada, PROMPTS[1], SETTINGS[1])
+
+
+def test_ar_twin_row_alone_equals_row_in_batch():
+    """The AR twin (its own KV-cached loop) is batch-invariant too: left padding is masked."""
+    from unmask import LLM
+
+    ar = LLM("default-ar")
+    prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
+    batch = ar.generate(prompts).results
+    for p, r in zip(prompts, batch):
+        assert ar.generate([p]).results[0].raw_ids == r.raw_ids
