@@ -1,7 +1,8 @@
 """Open-loop load benchmark of `unmask serve` (loopback only, bounded in count and time).
 
-For each scheduling mode (continuous batching; static batching: a batch is admitted only when the
-running one has drained) a server is started on a free 127.0.0.1 port, and for each offered rate
+For each mode (the diffusion model with continuous batching; with static batching, where a batch
+is admitted only when the running one has drained; the AR twin served by the same engine with
+continuous batching) a server is started on a free 127.0.0.1 port, and for each offered rate
 the same seeded Poisson arrival trace of prompts drawn from the task suite's held-out examples is
 sent as streaming completions. Per (mode, rate): achieved throughput, TTFT (arrival to the first
 streamed text), inter-chunk time, end-to-end latency percentiles, and goodput (requests per
@@ -50,12 +51,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args, scheduling: str) -> None:
+    def __init__(self, args, scheduling: str, model: str | None = None) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-m", "unmask", "serve", "--port", str(self.port), "--device", "cpu",
                "--scheduling", scheduling, "--max-num-seqs", str(args.max_num_seqs), "--max-waiting", "100000"]
-        if args.model:
-            cmd += ["--model", args.model]
+        if model or args.model:
+            cmd += ["--model", model or args.model]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 120
@@ -194,7 +195,9 @@ def main() -> None:
     ap.add_argument("--rates", default="20,50,100,200,400")
     ap.add_argument("--requests", type=int, default=200, help="arrivals per rate at most")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="arrival window per rate at most")
-    ap.add_argument("--modes", default="continuous,static")
+    ap.add_argument("--modes", default="continuous,static,ar-twin",
+                    help="continuous, static (batches drain first) and ar-twin (the AR twin, continuous)")
+    ap.add_argument("--ar-model", default="default-ar")
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--slo-ttft", type=float, default=0.25)
     ap.add_argument("--slo-e2e", type=float, default=1.0)
@@ -207,12 +210,13 @@ def main() -> None:
     body = {"policy": "threshold", "threshold": 0.9, "cache": "dual"}
     results, probe = {}, None
     for mode in a.modes.split(","):
-        server = ServerProcess(a, mode)
+        ar = mode == "ar-twin"
+        server = ServerProcess(a, "continuous" if ar else mode, a.ar_model if ar else None)
         try:
             results[mode] = []
             for i, rate in enumerate(rates):
                 arrivals = trace(rate, a.requests, a.max_seconds, a.seed + i)
-                rows, seconds = asyncio.run(run_trace(server.url, arrivals, body))
+                rows, seconds = asyncio.run(run_trace(server.url, arrivals, {} if ar else body))
                 s = summarise(rows, seconds, rate, a.slo_ttft, a.slo_e2e)
                 results[mode].append(s)
                 print(f"{mode:10} offered {rate:6.1f}/s  done {s['throughput_rps']:6.1f}/s  "

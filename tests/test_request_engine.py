@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from unmask import GenerationParams, UnmaskError
-from unmask.engine.engine import Engine, EngineConfig, Status
+from unmask.engine.engine import EngineConfig, Status
 
 SETTINGS = [
     dict(gen_length=16, block_length=8, policy="threshold", threshold=0.3, cache="dual"),
@@ -135,10 +135,8 @@ def test_engine_refuses_what_it_does_not_serve(llada):
         engine.add_request([1, 2], GenerationParams(gen_length=8, block_length=8).check(), request_id="x")
     with pytest.raises(UnmaskError, match="max_num_seqs 0"):
         EngineConfig(max_num_seqs=0)
-    from unmask import LLM
-
-    with pytest.raises(UnmaskError, match="serves diffusion models"):
-        Engine(LLM("default-ar").model, llada.token_ids)
+    with pytest.raises(UnmaskError, match="scheduling 'fifo'"):
+        EngineConfig(scheduling="fifo")
 
 
 def test_release_forgets_finished_requests(llada):
@@ -183,3 +181,22 @@ def test_ar_twin_row_alone_equals_row_in_batch():
     batch = ar.generate(prompts).results
     for p, r in zip(prompts, batch):
         assert ar.generate([p]).results[0].raw_ids == r.raw_ids
+
+
+def test_engine_serves_the_ar_twin_with_the_tokens_of_its_own_loop():
+    """The AR twin in the engine (blocks of one token, one prefill, then a cached window per
+    token) writes exactly what its dedicated KV-cached loop writes, with the same forwards,
+    alone and beside requests of other lengths."""
+    from unmask import LLM
+
+    ar = LLM("default-ar")
+    prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
+    ids = ar.encode(prompts, chat=False)
+    lengths = [24, 16, 24, 8]
+    engine = ar.engine()
+    reqs = [engine.add_request(i, ar.default_params(gen_length=g)) for i, g in zip(ids, lengths)]
+    _run(engine)
+    for p, g, req in zip(prompts, lengths, reqs):
+        ref = ar.generate([p], ar.default_params(gen_length=g)).results[0]
+        assert req.canvas == ref.raw_ids and req.nfe == ref.nfe
+    assert sum(f.kind == "full" for f in engine.trace) == 1  # one prefill for the batch, then cached steps

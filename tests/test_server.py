@@ -412,3 +412,19 @@ def test_playground_in_a_headless_browser(server, client):
     assert final == streamed == api == '{ "name" : "bob" , "age" : 3 4 , "city" : "rome" }'
     assert len(cells) == 24 and "cell committed" in cells
     assert stats.startswith("step ") and "NFE" in stats
+
+
+def test_the_ar_twin_is_served_by_the_same_engine():
+    ar = LLM("default-ar")
+    s = Server(ar, served_model_name="ar")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for p in PROMPTS:
+            plain = c.completions.create(model="ar", prompt=p).choices[0].text
+            streamed = "".join(ch.choices[0].text for ch in c.completions.create(model="ar", prompt=p, stream=True)
+                               if ch.choices)
+            assert plain == streamed == ar.generate([p]).results[0].text
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPTS[0], "policy": "threshold"})
+        assert r.status_code == 400 and "not used by an autoregressive model" in r.json()["error"]["message"]
+    finally:
+        s.stop()

@@ -482,8 +482,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
     config = EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                           max_waiting=a.max_waiting, scheduling=a.scheduling)
     llm = _load(a)
-    if llm.arch.causal:
-        raise UnmaskError("unmask serve runs diffusion models; the AR twin is not served yet")
     app = build_app(llm, a.served_model_name, a.api_key, config)
     print(f"unmask: serving {a.served_model_name} ({llm.path}) on http://{a.host}:{a.port} "
           f"(playground at /, OpenAI API under /v1)", file=sys.stderr)

@@ -154,7 +154,9 @@ class LLM:
         if params.compat is None and not self.arch.causal:
             return self._generate_engine(ids, params)
         t0 = time.perf_counter()
-        if self.arch.causal:  # an autoregressive twin: KV-cached next-token decoding
+        # an autoregressive twin: its own lockstep KV-cached loop, faster offline than the engine
+        # (which serves it online with the same tokens; tests/test_request_engine.py checks that)
+        if self.arch.causal:
             decoded = decode_ar(self.model, self.token_ids, ids, params.gen_length, params.temperature, params.seed)
         else:  # a compat mode: the reference's lockstep loop, as its own batch
             decoded = decode(self.model, self.token_ids, ids, params)

@@ -19,13 +19,15 @@ One engine step:
    then per-row bookkeeping in tensors: blocks advance, finished rows leave.
 
 Greedy output of a request does not depend on what else runs: padding is masked, positions are
-each row's own, and each request samples from its own generator. Compat modes and
-autoregressive models are not served here (LLM.generate runs them with their own loops).
+each row's own, and each request samples from its own generator. An autoregressive model (the
+AR twin) runs here as a block model with blocks of one token and an exact KV cache: one prefill
+forward, then one cached window per token. Compat modes are not served here (LLM.generate runs
+them as their own lockstep batch, as the references do).
 """
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import torch
@@ -205,7 +207,7 @@ class _RowsKV:
     def __init__(self, rows: "_Rows", idx: torch.Tensor | None, cols: torch.Tensor, full: bool, num_layers: int) -> None:
         """idx: the rows in the forward, or None for all running rows in order."""
         self.rows, self.idx, self.cols, self.full, self.num_layers = rows, idx, cols, full, num_layers
-        self.length = rows.cap + 1
+        self.length = cols.shape[1] if full else rows.cap + 1  # the keys attended over
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         r = self.rows
@@ -224,9 +226,11 @@ class _RowsKV:
 
 class Engine:
     def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None) -> None:
-        if model.config.causal:
-            raise UnmaskError("the engine serves diffusion models; decode an autoregressive model with LLM.generate")
         self.model, self.tokens = model, tokens
+        # an autoregressive model is a block model with blocks of one token: hidden j scores token
+        # j + 1, one prefill forward over the canvas, then each step a cached window [t - 1, t + 1)
+        self.causal = bool(model.config.causal)
+        self.shift = 1 if self.causal else model.config.logit_shift
         self.config = config or EngineConfig()
         self.device = next(model.parameters()).device
         self.mask = tokens.mask
@@ -253,6 +257,9 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
+        if self.causal:  # one token per step, left to right, with the KV cache
+            params = replace(params, block_length=1, steps=params.gen_length, policy="fixed", cache="dual",
+                             refresh_interval=None, remasking="low_confidence", confidence="prob").check()
         req = Request(rid, list(prompt), params, build_parts(params, self.tokens), time.perf_counter(), watch=watch)
         self.requests[rid] = req
         self.waiting.append(req)
@@ -300,7 +307,7 @@ class Engine:
         r = self.rows
         if r.n == 0:
             return []
-        shift = self.model.config.logit_shift
+        shift = self.shift
         refresh, start, end = self._plan()
         s = r.P + r.block * r.blk
         e = s + r.blk
@@ -353,7 +360,7 @@ class Engine:
     def _plan(self):
         """Per row: does this step refresh (full forward), and the window [start, end) otherwise."""
         r = self.rows
-        shift = self.model.config.logit_shift
+        shift = self.shift
         s = r.P + r.block * r.blk
         refresh = torch.ones(r.n, dtype=torch.bool, device=self.device)
         start, end = torch.zeros_like(s), r.L.clone()
@@ -364,6 +371,8 @@ class Engine:
                 continue
             ri = cache.refresh_interval
             fresh = r.step == 0
+            if self.causal:  # exact cache: only the prefill is a full forward
+                fresh = fresh & (r.block == 0)
             if ri is not None:
                 fresh = fresh | (r.step % ri == 0)
             refresh = torch.where(rows, fresh, refresh)
@@ -396,7 +405,7 @@ class Engine:
         key_mask = torch.arange(r.cap + 1, device=self.device)[None, :] < r.L[idx, None]
         kv = _RowsKV(r, None if all_rows else idx, cols, False, self.model.config.num_layers)
         hidden = (ar + (s[idx, None] - shift - start[idx, None])).clamp(0, q - 1)
-        return self.model(ids, pos, kv, 0, key_mask, hidden)
+        return self.model(ids, pos, kv, start[idx], key_mask, hidden)  # per-row first query column
 
     def _commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int) -> torch.Tensor:
         """Propose, select and write for rows `idx`; returns tokens committed per row."""

@@ -114,7 +114,7 @@ class DiffusionLM(nn.Module):
     """Base class: a transformer that maps token ids to logits; bidirectional for diffusion models,
     causal when `config.causal` (the autoregressive twin).
 
-    forward(input_ids (B, q), positions (B, q), kv, kv_start, key_mask (B, Lk), logits_slice)
+    forward(input_ids (B, q), positions (B, q), kv, kv_start (int, or (B,) per row), key_mask (B, Lk), logits_slice)
       -> logits (B, n, V) for the hidden positions selected by `logits_slice`: a slice shared by
       all rows, a (B, n) tensor of positions per row, or None for all q.
     Models know nothing about commit policies or cache policies; `kv` is a KVBuffer or None.
@@ -153,8 +153,15 @@ class DiffusionLM(nn.Module):
         return x @ embed.weight.T if head is None else head(x)
 
 
-def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start: int, device) -> torch.Tensor:
-    """Combine a (B, 1, 1, Lk) padding mask with "key column <= query column"."""
-    keys, offset = (kv.length, kv_start) if kv is not None else (q, 0)
-    causal = torch.arange(keys, device=device)[None, :] <= (offset + torch.arange(q, device=device))[:, None]
-    return causal[None, None] if mask is None else mask & causal
+def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start, device) -> torch.Tensor:
+    """Combine a (B, 1, 1, Lk) padding mask with "key column <= query column". `kv_start` is the
+    canvas column of the first query: one int for every row, or a (B,) tensor, one per row."""
+    keys = kv.length if kv is not None else q
+    cols = torch.arange(q, device=device)
+    if isinstance(kv_start, torch.Tensor):
+        first = kv_start if kv is not None else torch.zeros_like(kv_start)
+        causal = (torch.arange(keys, device=device)[None, None, :] <= (first[:, None] + cols[None, :])[..., None])[:, None]
+    else:
+        offset = kv_start if kv is not None else 0
+        causal = (torch.arange(keys, device=device)[None, :] <= (offset + cols)[:, None])[None, None]
+    return causal if mask is None else mask & causal

@@ -265,9 +265,18 @@ def _encode(llm: LLM, text: str, chat: bool) -> list[int]:
         raise APIError(400, str(e), param="prompt") from None
 
 
+AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop")
+
+
 def _params(llm: LLM, body, ids: list[int]) -> GenerationParams:
+    fields = body.generation_fields()
+    if llm.arch.causal:  # an autoregressive model takes the length and sampling settings only
+        ignored = sorted(k for k, v in fields.items() if v is not None and k not in AR_FIELDS)
+        if ignored:
+            raise APIError(400, f"{', '.join(ignored)}: not used by an autoregressive model (it decodes one token "
+                                "per forward with its KV cache)", param=ignored[0])
     try:
-        params = resolve_params(body.generation_fields(), llm.generation_defaults, fast=True)
+        params = resolve_params(fields, llm.generation_defaults, fast=not llm.arch.causal)
         llm._check_prompts([ids], params)
         body.stops()
     except UnmaskError as e:
