@@ -118,7 +118,7 @@ def test_max_tokens_is_the_canvas_and_length_is_reported(client):
     ({"prompt": "copy : red banana owl"}, 400, "not in the vocabulary: 'banana'"),
     ({"prompt": [1, 2, 999]}, 400, "outside the vocabulary"),
     ({"prompt": "copy : red 4 owl", "max_tokens": 5, "block_length": 4}, 400, "not a multiple of block_length"),
-    ({"prompt": "copy : red 4 owl", "n": 2}, 400, "n"),
+    ({"prompt": "copy : red 4 owl", "n": 17}, 400, "n"),
     ({}, 400, "prompt"),
 ])
 def test_errors_in_openai_shape(server, body, status, needle):
@@ -428,3 +428,20 @@ def test_the_ar_twin_is_served_by_the_same_engine():
         assert r.status_code == 400 and "not used by an autoregressive model" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_n_choices_stream_and_not(llm, client):
+    kw = dict(temperature=1.0, seed=5)
+    plain = client.completions.create(model="default", prompt=PROMPTS[2], n=3, **kw)
+    assert [c.index for c in plain.choices] == [0, 1, 2]
+    for c in plain.choices:  # choice i samples with seed + i
+        assert c.text == _offline(llm, PROMPTS[2], temperature=1.0, seed=5 + c.index)
+    chunks = list(client.completions.create(model="default", prompt=PROMPTS[2], n=3, stream=True, **kw,
+                                            stream_options={"include_usage": True}))
+    texts = ["", "", ""]
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in plain.choices]
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert plain.usage.prompt_tokens == len(llm.encode(PROMPTS[2], chat=False)[0])

@@ -21,6 +21,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -284,108 +285,145 @@ def _params(llm: LLM, body, ids: list[int]) -> GenerationParams:
     return params
 
 
-def _usage(req, stream: TextStream, prompt_len: int) -> dict:
-    n = len(stream.ids)
+def _usage(reqs: list, streams: list[TextStream], prompt_len: int) -> dict:
+    """OpenAI's usage (the prompt counted once, completions summed over choices) plus the
+    requests' forwards (NFE) and tokens per forward, end of text included."""
+    n = sum(len(st.ids) for st in streams)
+    nfe = sum(r.nfe for r in reqs if r is not None)
+    ends = sum(st.finish_reason == "stop" for st in streams)
     return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
-            "nfe": req.nfe if req else 0,
-            "tokens_per_forward": (n + (stream.finish_reason == "stop")) / req.nfe if req and req.nfe else 0.0}
+            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0}
 
 
 async def _serve(engine: AsyncEngine, llm: LLM, body, ids: list[int], request: Request, kind: str, model: str):
+    """One request with `n` choices: n engine requests (choice i samples with seed + i when a seed
+    is given), streamed together with their choice index or returned together."""
     params = _params(llm, body, ids)
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    n = body.n
+    names = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+    queues = []
     try:
-        queue = engine.submit(rid, ids, params)
-    except QueueFull as e:
-        raise APIError(429, str(e), "rate_limit_error") from None
-    except UnmaskError as e:
+        for i, name in enumerate(names):
+            seed = None if params.seed is None else params.seed + i
+            queues.append(engine.submit(name, ids, replace(params, seed=seed)))
+    except (QueueFull, UnmaskError) as e:
+        for name in names[: len(queues)]:
+            engine.abort(name)
+        if isinstance(e, QueueFull):
+            raise APIError(429, str(e), "rate_limit_error") from None
         raise APIError(503, str(e), "server_error") from None
-    stream = TextStream(llm, body.stops())
+    streams = [TextStream(llm, body.stops()) for _ in range(n)]
+    reqs: list = [None] * n
+    done = [False] * n
     created = int(time.time())
+    merged: asyncio.Queue = asyncio.Queue()
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+    async def forward(i: int, q: asyncio.Queue) -> None:
+        while True:
+            item = await q.get()
+            await merged.put((i, item))
+            if item is None or isinstance(item, BaseException):
+                return
+
+    forwarders = [asyncio.create_task(forward(i, q)) for i, q in enumerate(queues)]
+
+    def chunk(i: int, delta: str | None, finish: str | None, first: bool = False) -> dict:
         if kind == "chat":
             d = {"content": delta} if delta is not None else {}
             if first:
                 d = {"role": "assistant", **d}
-            choice = {"index": 0, "delta": d, "finish_reason": finish}
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [choice]}
+                    "choices": [{"index": i, "delta": d, "finish_reason": finish}]}
         return {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+
+    def reason(i: int) -> str:
+        r = streams[i].finish_reason or (reqs[i].finish_reason if reqs[i] is not None else None)
+        return "stop" if r == "stop" else "length"
 
     async def updates():
-        """The request's StepOutputs until it finishes (or its text hits a stop)."""
-        while True:
+        """(choice, StepOutput) until every choice has finished (or its text hit a stop)."""
+        open_ = set(range(n))
+        while open_:
             try:
-                item = await asyncio.wait_for(queue.get(), timeout=1.0)
+                i, item = await asyncio.wait_for(merged.get(), timeout=1.0)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     return
                 continue
             if item is None:
-                return
+                open_.discard(i)
+                continue
             if isinstance(item, BaseException):
                 raise item
-            yield item
-            if stream.finish_reason is not None:
-                return
+            if done[i]:
+                continue
+            reqs[i] = item.request
+            yield i, item
+            if done[i]:
+                open_.discard(i)
+                if not item.finished:  # a stop string ended it: the engine need not go on
+                    engine.abort(names[i])
+
+    def step(i: int, out) -> str:
+        delta = streams[i].add(out.new_ids)
+        done[i] = out.finished or streams[i].finish_reason is not None
+        return delta
+
+    def cleanup() -> None:
+        for i, name in enumerate(names):
+            if not done[i]:
+                engine.abort(name)
+        for t in forwarders:
+            t.cancel()
 
     if body.stream:
         async def events():
-            req, done = None, False
-            first = True
+            first = [True] * n
             try:
-                async for out in updates():
-                    req = out.request
-                    delta = stream.add(out.new_ids)
+                async for i, out in updates():
+                    delta = step(i, out)
                     if delta:
-                        yield _sse(chunk(delta, None, first))
-                        first = False
-                    done = out.finished or stream.finish_reason is not None
-                    if done:
-                        break
-                tail = stream.flush()
-                if tail or first:
-                    yield _sse(chunk(tail, None, first))
-                reason = stream.finish_reason or (req.finish_reason if req and req.finish_reason else "length")
-                yield _sse(chunk(None, "stop" if reason == "stop" else "length"))
-                if body.stream_options and body.stream_options.include_usage:
-                    yield _sse({"id": rid, "object": chunk(None, None)["object"], "created": created, "model": model,
-                                "choices": [], "usage": _usage(req, stream, len(ids))})
-                yield "data: [DONE]\n\n"
+                        yield _sse(chunk(i, delta, None, first[i]))
+                        first[i] = False
+                    if done[i]:
+                        tail = streams[i].flush()
+                        if tail or first[i]:
+                            yield _sse(chunk(i, tail, None, first[i]))
+                        yield _sse(chunk(i, None, reason(i)))
+                if all(done):
+                    if body.stream_options and body.stream_options.include_usage:
+                        yield _sse({"id": rid, "object": chunk(0, None, None)["object"], "created": created,
+                                    "model": model, "choices": [], "usage": _usage(reqs, streams, len(ids))})
+                    yield "data: [DONE]\n\n"
             except Exception as e:  # an error after the stream started: an error event, then close
                 yield _sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
             finally:
-                if not done:
-                    engine.abort(rid)
+                cleanup()
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    req, done = None, False
     try:
-        async for out in updates():
-            req = out.request
-            stream.add(out.new_ids)
-            done = out.finished or stream.finish_reason is not None
-            if done:
-                break
+        async for i, out in updates():
+            step(i, out)
     finally:
-        if not done:
-            engine.abort(rid)
-    if req is None and not done:
+        cleanup()
+    if not all(done):
         raise APIError(499, "client closed the request")
-    stream.flush()
-    reason = stream.finish_reason or (req.finish_reason if req and req.finish_reason else "length")
-    reason = "stop" if reason == "stop" else "length"
-    usage = _usage(req, stream, len(ids))
+    for st in streams:
+        st.flush()
+    usage = _usage(reqs, streams, len(ids))
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": stream.text}, "finish_reason": reason}
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+        choices = [{"index": i, "message": {"role": "assistant", "content": st.text}, "finish_reason": reason(i)}
+                   for i, st in enumerate(streams)]
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
                 "usage": usage}
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": stream.text, "logprobs": None, "finish_reason": reason}], "usage": usage}
+    choices = [{"index": i, "text": st.text, "logprobs": None, "finish_reason": reason(i)}
+               for i, st in enumerate(streams)]
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": usage}
 
 
 def _sse(obj: dict) -> str:

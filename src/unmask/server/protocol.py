@@ -26,7 +26,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)  # one choice per request (send n requests for n samples)
+    n: int = Field(default=1, ge=1, le=16)  # choices; choice i samples with seed + i when a seed is given
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
