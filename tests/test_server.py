@@ -445,3 +445,27 @@ def test_n_choices_stream_and_not(llm, client):
     assert texts == [c.text for c in plain.choices]
     assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
     assert plain.usage.prompt_tokens == len(llm.encode(PROMPTS[2], chat=False)[0])
+
+
+def test_an_error_after_the_stream_started_is_an_error_event(llm, monkeypatch):
+    """A failure inside the engine once a stream is open: the client gets an error event, the
+    stream closes, and /health reports the stopped engine (503) instead of hanging."""
+    real, calls = Engine.step, []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("simulated engine fault")
+        return real(self)
+
+    monkeypatch.setattr(Engine, "step", failing)
+    s = Server(llm)
+    try:
+        body = {"prompt": PROMPTS[2], "stream": True, "policy": "fixed", "steps": 24, "cache": "none"}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        assert "simulated engine fault" in events[-1]["error"]["message"]
+        assert httpx.get(s.url + "/health").status_code == 503
+    finally:
+        s.stop()
