@@ -176,7 +176,7 @@ def test_train_into_a_read_only_folder(capsys, tmp_path):
 def test_bench_checks_its_output_folder_before_measuring(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    one_line_error(*run(capsys, "bench", "--quick", "--out", afile / "sub")[::2], "cannot write to")
+    one_line_error(*run(capsys, "bench", "--quick", "--out", afile / "sub")[::2], "cannot write the bench output folder")
 
 
 def test_bench_writes_each_row_as_it_finishes(capsys, tmp_path, monkeypatch):

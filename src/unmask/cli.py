@@ -17,6 +17,7 @@ import warnings
 from dataclasses import asdict, fields
 
 from unmask.errors import UnmaskError, UnmaskWarning
+from unmask.files import write_json_atomic, writable_folder
 from unmask.params import FAST, PARAM_FIELDS, GenerationParams, check_fields, coerce, field_type, resolve_params
 
 MODEL_HELP = ("local checkpoint folder (LLaDA or Dream layout); 'default' is the embedded model (the default), "
@@ -288,7 +289,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     out = Path(a.out)  # made and checked before anything is measured
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = out / f"bench-{stamp}.json"
-    _writable(out)
+    writable_folder(out, "bench output folder")
     from unmask.llm import default_device
 
     device = a.device or default_device()
@@ -298,7 +299,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
 
     def progress(i, total, run):
-        _write_json(path, {**run, "complete": False})  # an interrupted run keeps what it measured
+        write_json_atomic(path, {**run, "complete": False})  # an interrupted run keeps what it measured
         row = run["results"][-1]
         if not a.quiet:
             print(f"\r[{i}/{total}] {row['label']:34} acc {100 * row['accuracy']:5.1f}%  "
@@ -310,29 +311,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update)
     bar.close()
     run["headline"] = headline(run)
-    _write_json(path, {**run, "complete": True})
+    write_json_atomic(path, {**run, "complete": True})
     plot_pareto(run, str(path.with_suffix(".png")))
     print(format_table(run))
     print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
     print(f"wrote {path} and .png", file=sys.stderr)
     return 0
-
-
-def _writable(folder) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UnmaskError(f"cannot write to {folder}: {e.strerror or e}") from None
-
-
-def _write_json(path, obj) -> None:
-    """Replace `path` atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)
 
 
 def cmd_roofline(a: argparse.Namespace) -> int:

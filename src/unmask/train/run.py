@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from unmask.errors import UnmaskError
+from unmask.files import writable_folder
 from unmask.llm import resolve_model_path
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
@@ -51,16 +52,6 @@ def _prepare_out(out: Path, resume: bool, overwrite: bool) -> bool:
     if out.is_dir() and any(out.iterdir()) and not holds_run and not overwrite:
         raise UnmaskError(f"{out} is not empty and holds no unmask run; choose another folder or pass --overwrite")
     return not out.exists()
-
-
-def _make_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UnmaskError(f"cannot write the run folder {out}: {e.strerror or e}") from None
 
 
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True,
@@ -105,7 +96,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         except RuntimeError:
             raise UnmaskError(f"--init-from {cfg.init_from}: its weights do not fit this model's size "
                               f"(layers {cfg.layers}, d_model {cfg.d_model}, heads {cfg.heads}, mlp {cfg.mlp})") from None
-    _make_out(out)  # only once everything that can be checked has been
+    writable_folder(out, "run folder")  # only once everything that can be checked has been
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     sampler = TaskSampler(cfg.tasks, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
