@@ -140,6 +140,7 @@ def test_api_key(llm):
         ok = openai.OpenAI(base_url=s.url + "/v1", api_key="sekret", max_retries=0)
         assert ok.models.list().data[0].id == "unmask"
         assert httpx.get(s.url + "/health").status_code == 200  # health needs no key
+        assert httpx.post(s.url + "/playground/stream", json={"prompt": PROMPTS[0]}).status_code == 401
     finally:
         s.stop()
 
@@ -467,5 +468,25 @@ def test_an_error_after_the_stream_started_is_an_error_event(llm, monkeypatch):
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
         assert "simulated engine fault" in events[-1]["error"]["message"]
         assert httpx.get(s.url + "/health").status_code == 503
+    finally:
+        s.stop()
+
+
+def test_chat_through_the_checkpoints_template(llada):
+    """A checkpoint with a chat template (the tiny LLaDA layout): the server renders the messages
+    with it, and the answer equals LLM.generate on the same rendered prompt."""
+    s = Server(llada, served_model_name="tiny")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        messages = [{"role": "user", "content": "w1 w2 w3"}]
+        out = c.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                        extra_body={"block_length": 8})
+        text = llada.tokenizer.apply_chat_template(messages)
+        ids = llada.tokenizer.encode(text, add_special_tokens=False)
+        ref = llada.generate([ids], llada.default_params(gen_length=8, block_length=8)).results[0].text
+        assert out.choices[0].message.content == ref
+        bad = httpx.post(s.url + "/v1/chat/completions",
+                         json={"messages": [{"role": "user", "content": "w1 <|eot_id|> w2"}]})
+        assert bad.status_code == 400 and "<|eot_id|>" in bad.json()["error"]["message"]
     finally:
         s.stop()

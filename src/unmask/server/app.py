@@ -127,7 +127,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1/"):
+        if api_key is not None and request.url.path.startswith(("/v1/", "/playground/")):
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return _error(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
         return await call_next(request)
