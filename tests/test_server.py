@@ -214,16 +214,16 @@ def test_64_concurrent_streams_16_cancelled(llm, slow_steps):
 
 
 def test_queue_full_is_429(llm, slow_steps):
-    slow_steps.delay = 0.3
+    slow_steps.delay = 0.8  # the first request's first step outlasts the two submissions below
     s = Server(llm, engine_config=EngineConfig(max_num_seqs=1, max_waiting=2))
     try:
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
                 post = lambda: client.post(s.url + "/v1/completions", json={"prompt": PROMPTS[0]})  # noqa: E731
                 first = asyncio.create_task(post())
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.2)
                 second = asyncio.create_task(post())
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.2)
                 third = await post()
                 return [await first, await second, third]
 
