@@ -422,6 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench_out", help="folder for the JSON and the Pareto PNG")
     b.add_argument("--quiet", action="store_true")
 
+    dg = sub.add_parser("diagnose", help="commit-time diagnostics of a cached decode against fresh forwards")
+    dg.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
+    dg.add_argument("--n", type=int, default=50, help="examples per task")
+    dg.add_argument("--batch-size", type=int, default=32)
+    dg.add_argument("--out", default=None, help="write the whole report (every commit record) as JSON here")
+    _add_model_args(dg, "print the whole report as one JSON object (default: the summary)")
+    _add_decoding_args(dg, FAST_TEXT)
+
     sv = sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching and streaming")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
@@ -452,6 +460,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_diagnose(a: argparse.Namespace) -> int:
+    from unmask.bench import diagnose
+    from unmask.tasks import TASKS
+
+    tasks = list(parse_tasks(a.tasks) or TASKS) if a.tasks else list(TASKS)
+    _positive("n", a.n)
+    _positive("batch-size", a.batch_size)
+    given_params(a)
+    llm = _load(a)
+    if llm.arch.causal:
+        raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
+    params = _params_for(llm, a, fast=True)
+    report = diagnose.run(llm, params, tasks, a.n, a.batch_size)
+    report["params"] = asdict(params)
+    if a.out:
+        from unmask.files import write_json_atomic
+
+        write_json_atomic(a.out, report)
+    print(json.dumps(report["summary"] if not a.json else report, indent=None if a.json else 2))
+    return 0
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -475,7 +505,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 COMMANDS = {"generate": cmd_generate, "eval": cmd_eval, "train": cmd_train, "roofline": cmd_roofline,
             "bench": cmd_bench, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval,
-            "serve": cmd_serve}
+            "serve": cmd_serve, "diagnose": cmd_diagnose}
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:

@@ -224,6 +224,19 @@ class _RowsKV:
         return (k, v) if self.full else (kk, vv)
 
 
+class _Recorder:
+    """A KV buffer that keeps each layer's fresh keys and values and caches nothing."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+
 class Engine:
     def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None) -> None:
         self.model, self.tokens = model, tokens
@@ -244,6 +257,7 @@ class Engine:
         self.trace: list[ForwardRecord] = []
         self._ids = itertools.count()
         self._watching = 0  # watched requests in the engine (their rows cost one transfer per step)
+        self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every step, changes none
 
     # --- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
@@ -331,9 +345,13 @@ class Engine:
             all_rows = count == r.n
             idx = torch.arange(r.n, device=self.device) if all_rows else rows.nonzero().squeeze(-1)
             t0 = time.perf_counter()
+            if self.observer is not None:  # the exact logits of the same canvas, before this step's commits
+                fresh = self._fresh(idx, s, shift, W)
             logits = self._forward(kind, idx, start, end, s, shift, W, all_rows)
             n = self._commit(idx, logits, s, W)
             committed[idx] = n
+            if self.observer is not None:
+                self.observer.observe(self, kind, idx, s, W, logits, fresh, self._last_commit)
             self.trace.append(ForwardRecord(kind, count, positions / count, n.sum(), time.perf_counter() - t0))
         outputs = self._advance(run, s, e, committed)
         for rec in self.trace[-2:]:  # committed counts are read with the step's bookkeeping
@@ -407,6 +425,18 @@ class Engine:
         hidden = (ar + (s[idx, None] - shift - start[idx, None])).clamp(0, q - 1)
         return self.model(ids, pos, kv, start[idx], key_mask, hidden)  # per-row first query column
 
+    def _fresh(self, idx: torch.Tensor, s: torch.Tensor, shift: int, W: int):
+        """For diagnostics: an uncached full forward over the rows' current canvases (nothing is
+        written to the KV rows): logits at the block columns, and every layer's fresh K/V."""
+        r = self.rows
+        Lmax = int(r.L[idx].max())
+        key_mask = torch.arange(Lmax, device=self.device)[None, :] < r.L[idx, None]
+        key_mask = None if bool(key_mask.all()) else key_mask
+        rec = _Recorder(Lmax)
+        hidden = (s[idx, None] - shift + torch.arange(W, device=self.device)[None, :]).clamp(0, Lmax - 1)
+        logits = self.model(r.x[idx, :Lmax], r.pos[idx, :Lmax], rec, 0, key_mask, hidden)
+        return logits, rec
+
     def _commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int) -> torch.Tensor:
         """Propose, select and write for rows `idx`; returns tokens committed per row."""
         r = self.rows
@@ -438,6 +468,7 @@ class Engine:
                 req = r.reqs[int(idx[i])]
                 base = int(r.blk[idx[i]]) * int(r.block[idx[i]])
                 req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
+        self._last_commit = (commit, tokens, cand)
         new = torch.where(commit, tokens, x.gather(1, cols))
         x.scatter_(1, cols, new)
         x[:, r.cap] = r.pad_id
