@@ -68,5 +68,6 @@ def test_diagnose_command(capsys, tmp_path):
     assert summary["commits"] > 0 and 0 <= summary["disagreement"]["rate"] <= 1
     assert summary["disagreement_by_cache_age"]["0"]["rate"] == 0.0  # a full forward agrees with itself
     report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 10_000
     assert len(report["outcomes"]) == 8 and len(report["commits"]) == summary["commits"]
     assert main(["diagnose", "--model", "default-ar"]) == 2

@@ -426,7 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     dg.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
     dg.add_argument("--n", type=int, default=50, help="examples per task")
     dg.add_argument("--batch-size", type=int, default=32)
-    dg.add_argument("--out", default=None, help="write the whole report (every commit record) as JSON here")
+    dg.add_argument("--out", default=None,
+                    help="write the whole report (every commit record) as JSON here, and the plots beside it (.png)")
     _add_model_args(dg, "print the whole report as one JSON object (default: the summary)")
     _add_decoding_args(dg, FAST_TEXT)
 
@@ -472,12 +473,21 @@ def cmd_diagnose(a: argparse.Namespace) -> int:
     if llm.arch.causal:
         raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
     params = _params_for(llm, a, fast=True)
+    if a.out:
+        from pathlib import Path
+
+        from unmask.files import writable_folder
+
+        writable_folder(Path(a.out).parent, "output folder")  # before the decode, not after it
     report = diagnose.run(llm, params, tasks, a.n, a.batch_size)
     report["params"] = asdict(params)
     if a.out:
+        from pathlib import Path
+
         from unmask.files import write_json_atomic
 
         write_json_atomic(a.out, report)
+        diagnose.plot(report["summary"], str(Path(a.out).with_suffix(".png")))
     print(json.dumps(report["summary"] if not a.json else report, indent=None if a.json else 2))
     return 0
 

@@ -76,3 +76,46 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
                               "without": _rate(wrong_if[False])},
         "accuracy": sum(o["correct"] for o in outcome.values()) / max(len(outcome), 1),
     }
+
+
+def plot(summary: dict, path: str) -> None:
+    """Four panels: disagreement and confidence shift against cache age, key drift per layer
+    against cache age, tokens committed per step in a block, wrong-answer rate with and without
+    a disagreement at commit time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 4, figsize=(16, 3.6))
+    by_age = summary["disagreement_by_cache_age"]
+    ages = [int(a) for a in by_age]
+    rates = [by_age[a]["rate"] for a in by_age]
+    err = [[r - by_age[a]["ci95"][0] for a, r in zip(by_age, rates)], [by_age[a]["ci95"][1] - r for a, r in zip(by_age, rates)]]
+    ax[0].errorbar(ages, rates, yerr=err, fmt="o-", capsize=3, label="top token differs")
+    shift = summary["mean_confidence_shift_by_cache_age"]
+    ax[0].plot([int(a) for a in shift], list(shift.values()), "s--", label="mean |confidence shift|")
+    ax[0].set(xlabel="cache age (steps since the last full forward)", title="cached vs fresh at commit")
+    ax[0].legend(fontsize=8)
+    drift = summary["drift_by_cache_age"]
+    layers = sorted({int(layer) for d in drift.values() for layer in d})
+    for layer in layers:
+        pts = [(int(a), d[layer]["key"] if layer in d else d[str(layer)]["key"]) for a, d in drift.items()
+               if layer in d or str(layer) in d]
+        ax[1].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"layer {layer}")
+    ax[1].set(xlabel="cache age", title="relative key drift", yscale="log")
+    if layers:
+        ax[1].legend(fontsize=8)
+    prof = summary["tokens_committed_per_step_in_block"]
+    ax[2].bar([int(k) for k in prof], list(prof.values()))
+    ax[2].set(xlabel="step in block", title="tokens committed per step")
+    w = summary["wrong_answer_rate"]
+    labels = ["with a disagreement", "without"]
+    vals = [w["with_a_disagreement"]["rate"] or 0, w["without"]["rate"] or 0]
+    ax[3].bar(labels, vals)
+    ax[3].set(title="wrong answers", ylim=(0, 1))
+    for i, key in enumerate(("with_a_disagreement", "without")):
+        ax[3].text(i, vals[i] + 0.02, f"n={w[key]['n']}", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
