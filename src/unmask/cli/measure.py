@@ -1,0 +1,130 @@
+"""Measuring commands: bench and roofline."""
+
+import argparse
+import json
+import sys
+import time
+
+from unmask.cli.common import parse_tasks, positive, progress_bar
+from unmask.files import writable_folder, write_json_atomic
+from unmask.params import GenerationParams
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unmask.bench.grid import (
+        PRESETS,
+        build_grid,
+        parse_caches,
+        parse_ints,
+        parse_policies,
+    )
+    from unmask.tasks import TASKS
+
+    preset = PRESETS["quick" if a.quick else "full"]
+    pick = lambda name: getattr(a, name) if getattr(a, name) is not None else preset.get(name)  # noqa: E731
+    policies = parse_policies(pick("policies"))
+    caches = parse_caches(pick("caches"))
+    tasks = list(parse_tasks(pick("tasks")) or TASKS) if pick("tasks") else list(TASKS)
+    n = pick("n")
+    positive("n", n)
+    refresh = parse_ints("refresh", pick("refresh"), minimum=0)
+    blocks, batches = parse_ints("blocks", pick("blocks")), parse_ints("batches", pick("batches"))
+    gens = parse_ints("gens", a.gens) if a.gens else None
+    from unmask.bench.report import format_headline, format_table, headline, plot_pareto
+    from unmask.bench.runner import run_grid, with_ar_twin
+    from unmask.llm import LLM
+
+    out = Path(a.out)  # made and checked before anything is measured
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = out / f"bench-{stamp}.json"
+    writable_folder(out, "bench output folder")
+    from unmask.llm import default_device
+
+    device = a.device or default_device()
+    diffusion = LLM(a.model, dtype=a.dtype, device=device)
+    ar = None if a.ar_model == "none" else LLM(a.ar_model, dtype=a.dtype, device=device)
+    gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
+    grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
+
+    def progress(i, total, run):
+        write_json_atomic(path, {**run, "complete": False})  # an interrupted run keeps what it measured
+        row = run["results"][-1]
+        if not a.quiet:
+            print(f"\r[{i}/{total}] {row['label']:34} acc {100 * row['accuracy']:5.1f}%  "
+                  f"{row['tokens_per_s']:7.1f} tok/s  NFE {row['nfe_per_request']:5.1f}", file=sys.stderr)
+
+    configs = with_ar_twin(grid) if ar is not None else grid
+    bar = progress_bar(len(configs) * len(tasks) * n, "bench ")
+    bar.enabled = bar.enabled and not a.quiet
+    run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update)
+    bar.close()
+    run["headline"] = headline(run)
+    write_json_atomic(path, {**run, "complete": True})
+    plot_pareto(run, str(path.with_suffix(".png")))
+    print(format_table(run))
+    print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
+    print(f"wrote {path} and .png", file=sys.stderr)
+    return 0
+
+
+def cmd_roofline(a: argparse.Namespace) -> int:
+    from unmask.bench import roofline as rl
+    from unmask.bench.grid import parse_ints
+
+    custom = any(v is not None for v in (a.hardware, a.model, a.params, a.plot)) or a.json or a.attention
+    if not custom:
+        print(rl.seed_example())
+        return 0
+    batches = parse_ints("batches", a.batches)
+    rl.check_setup(a.prompt, a.gen, a.tau, a.block, batches)
+    arch = None
+    if a.model is not None:
+        from unmask.llm import resolve_model_path
+        from unmask.models.loader import read_json
+        from unmask.models.registry import resolve_family
+
+        cfg = read_json(resolve_model_path(a.model) / "config.json")
+        arch = resolve_family(cfg).arch(cfg)
+    model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention)
+    pred = rl.predict(model, a.prompt, a.gen, a.tau, a.block, batches)
+    if a.plot:
+        rl.plot_prediction(model, pred, a.plot)
+    print(json.dumps(pred) if a.json else rl.format_prediction(pred))
+    return 0
+
+
+def add_parsers(sub) -> dict:
+    """Add this module's commands to the subparsers; returns {name: function}."""
+    b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
+    b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
+    b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
+    b.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--quick", action="store_true", help="a few-minute preset")
+    b.add_argument("--policies", default=None, help="policy:knob list, e.g. fixed:1,threshold:0.9,entropy:0.5")
+    b.add_argument("--caches", default=None, help="cache policies, e.g. none,dual")
+    b.add_argument("--refresh", default=None, help="refresh intervals, 0 = only at block starts")
+    b.add_argument("--blocks", default=None, help="block lengths")
+    b.add_argument("--gens", default=None, help="generation lengths (default: the model's)")
+    b.add_argument("--batches", default=None, help="batch sizes")
+    b.add_argument("--tasks", default=None)
+    b.add_argument("--n", type=int, default=None, help="examples per task")
+    b.add_argument("--out", default="bench_out", help="folder for the JSON and the Pareto PNG")
+    b.add_argument("--quiet", action="store_true")
+
+    r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
+    r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
+    r.add_argument("--model", default=None, help="checkpoint folder or 'default' for the model's size")
+    r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
+    r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
+    r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")
+    r.add_argument("--prompt", type=int, default=512)
+    r.add_argument("--gen", type=int, default=256)
+    r.add_argument("--tau", type=float, default=4.0, help="tokens committed per forward")
+    r.add_argument("--block", type=int, default=32, help="positions recomputed per cached step (G)")
+    r.add_argument("--batches", default="1,8,64,256")
+    r.add_argument("--plot", default=None, help="write a throughput-vs-batch PNG here")
+    r.add_argument("--json", action="store_true")
+    return {"bench": cmd_bench, "roofline": cmd_roofline}

@@ -1,0 +1,41 @@
+"""`unmask train`."""
+
+import argparse
+import json
+
+from unmask.cli.common import parse_tasks
+
+TRAIN_FLAGS = (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int), ("batch", int),
+               ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int), ("eval-n", int),
+               ("logit-shift", int))
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from unmask.train.run import train
+    from unmask.train.trainer import TrainConfig
+
+    given = {"kind": a.kind, "steps": a.steps, "init_from": a.init_from, "tasks": parse_tasks(a.tasks)}
+    given |= {f.replace("-", "_"): getattr(a, f.replace("-", "_")) for f, _ in TRAIN_FLAGS}
+    cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None}).check()
+    summary = train(cfg, a.out, resume=a.resume, progress=not a.quiet, until=a.until, overwrite=a.overwrite)
+    print(json.dumps(summary))
+    return 0
+
+
+def add_parsers(sub) -> dict:
+    """Add this module's commands to the subparsers; returns {name: function}."""
+    t = sub.add_parser("train", help="train the embedded model (masked diffusion) or its AR twin")
+    t.add_argument("--out", required=True, help="run folder (trainer state + model/ checkpoint)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it holds another run or other files")
+    t.add_argument("--until", type=int, default=None,
+                   help="stop after this step with a checkpoint (continue later with --resume)")
+    t.add_argument("--kind", default="diffusion", help="diffusion or ar")
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
+    t.add_argument("--tasks", default=None, help="comma-separated task mixture, task or task=weight")
+    t.add_argument("--init-from", default=None, help="start from this model or run folder's weights")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, typ in TRAIN_FLAGS:
+        t.add_argument(f"--{name}", type=typ, default=None)
+    return {"train": cmd_train}
