@@ -71,3 +71,21 @@ def test_diagnose_command(capsys, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 10_000
     assert len(report["outcomes"]) == 8 and len(report["commits"]) == summary["commits"]
     assert main(["diagnose", "--model", "default-ar"]) == 2
+
+
+def test_calibration_against_the_reference_decode(capsys):
+    """Decoding with the reference setting itself, every committed token is the reference's: the
+    reliability table's accuracy is 1 in every bin. With a cached parallel setting it is not."""
+    import json
+
+    from unmask.cli import main
+
+    assert main(["diagnose", "--tasks", "copy,json", "--n", "8", "--policy", "fixed", "--steps", "24",
+                 "--cache", "none"]) == 0
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert cal["reference"]["n"] > 0 and all(r["accuracy"] == 1.0 for r in cal["reference"]["reliability"])
+    assert 0 <= cal["gold"]["ece"] <= 1
+    assert main(["diagnose", "--tasks", "json,pairs", "--n", "16", "--policy", "threshold", "--threshold", "0.5",
+                 "--block-length", "8", "--cache", "dual"]) == 0
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert any(r["accuracy"] < 1.0 for r in cal["reference"]["reliability"])

@@ -2,6 +2,7 @@
 observer (unmask.engine.diagnostics) and summarise what the cache changed and whether it
 predicts wrong answers."""
 
+import dataclasses
 from collections import defaultdict
 
 from unmask.bench.stats import wilson_interval
@@ -14,6 +15,9 @@ CONF_BINS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
 def run(llm, params, tasks: list[str], n: int, batch_size: int = 32) -> dict:
     obs = Observer()
     outcome: dict[str, dict] = {}
+    reference = dataclasses.replace(params, policy="fixed", steps=params.gen_length, block_length=params.gen_length,
+                                    cache="none", refresh_interval=None, temperature=0.0, top_k=None, top_p=None,
+                                    confidence="prob", remasking="low_confidence").check()
     for task in tasks:
         examples = held_out(task, n)
         for i in range(0, n, batch_size):
@@ -24,10 +28,39 @@ def run(llm, params, tasks: list[str], n: int, batch_size: int = 32) -> dict:
             reqs = [engine.add_request(p, params, request_id=f"{task}-{i + j}") for j, p in enumerate(ids)]
             while engine.has_unfinished():
                 engine.step()
-            for ex, req in zip(chunk, reqs):
+            ref = llm.generate(ids, reference).results  # one token per step, no cache
+            eos = llm.token_ids.eos
+            for ex, req, r in zip(chunk, reqs, ref):
                 result = llm._result(req.canvas, req.nfe, req.commits, 0.0)
-                outcome[req.id] = {"task": task, "correct": score(ex, result.text).exact, "text": result.text}
+                gold = llm.tokenizer.encode(ex.answer, add_special_tokens=False)
+                gold = (gold + [eos] * params.gen_length)[: params.gen_length]  # the answer, then end-of-text padding
+                outcome[req.id] = {"task": task, "correct": score(ex, result.text).exact, "text": result.text,
+                                   "reference": r.raw_ids, "gold": gold}
     return {"summary": summarise(obs, outcome), "outcomes": outcome, **obs.to_json()}
+
+
+def calibration(commits, outcome: dict[str, dict], bins: int = 10) -> dict:
+    """Reliability of the commit confidence (the cached probability of the committed token) for two
+    events: the token is the one the reference decode (one token per step, no cache) puts there,
+    and the token is the gold answer's (the answer, then end-of-text padding; for tasks with several
+    valid answers this is one of them). Expected calibration error over equal-width bins."""
+    out = {}
+    for event in ("reference", "gold"):
+        table = [[0, 0.0, 0] for _ in range(bins)]  # count, confidence sum, hits
+        for c in commits:
+            o = outcome.get(c.request)
+            if o is None:
+                continue
+            b = min(int(c.cached_conf * bins), bins - 1)
+            table[b][0] += 1
+            table[b][1] += c.cached_conf
+            table[b][2] += o[event][c.position] == c.token
+        total = sum(t[0] for t in table)
+        rows = [{"bin": [i / bins, (i + 1) / bins], "n": t[0], "confidence": t[1] / t[0], "accuracy": t[2] / t[0]}
+                for i, t in enumerate(table) if t[0]]
+        ece = sum(r["n"] / total * abs(r["confidence"] - r["accuracy"]) for r in rows) if total else None
+        out[event] = {"ece": ece, "reliability": rows, "n": total}
+    return out
 
 
 def _rate(flags: list[bool]) -> dict:
@@ -75,6 +108,7 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
         "wrong_answer_rate": {"with_a_disagreement": _rate(wrong_if[True]),
                               "without": _rate(wrong_if[False])},
         "accuracy": sum(o["correct"] for o in outcome.values()) / max(len(outcome), 1),
+        "calibration": calibration(commits, outcome),
     }
 
 

@@ -21,6 +21,7 @@ class CommitRecord:
     block: int
     step: int  # the row's step inside its block
     position: int  # position in the answer
+    token: int  # the committed token
     in_block: int  # position inside its block
     cache_age: int  # steps since the row's last full forward (0: this forward was exact)
     distance_to_open: int  # to the nearest position still masked after this step (-1: none)
@@ -59,6 +60,7 @@ class Observer:
         agree = fresh_logits.argmax(-1) == tokens
         still_open = cand & ~commit
         data = [t.tolist() for t in (commit, still_open, conf_c, conf_f, agree, kl)]
+        toks = tokens.tolist()
         rows, blocks, steps = idx.tolist(), r.block[idx].tolist(), r.step[idx].tolist()
         blk = r.blk[idx].tolist()
         for b, (row, block, step) in enumerate(zip(rows, blocks, steps)):
@@ -70,7 +72,7 @@ class Observer:
                 if not data[0][b][w]:
                     continue
                 dist = min((abs(w - j) for j in open_cols), default=-1)
-                self.commits.append(CommitRecord(req.id, block, step, block * blk[b] + w, w, age, dist,
+                self.commits.append(CommitRecord(req.id, block, step, block * blk[b] + w, toks[b][w], w, age, dist,
                                                  data[2][b][w], data[3][b][w], bool(data[4][b][w]),
                                                  max(0.0, data[5][b][w])))
             if kind == "window" and r.k is not None:
