@@ -9,7 +9,7 @@ ROOT = Path(unmask.__file__).parent
 # higher imports lower; equal ranks may not import each other
 RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "compat": 3, "params": 4,
         "engine": 5, "llm": 6, "evaluate": 7, "bench": 8, "train": 8, "server": 8, "cli": 9}
-LEAVES = {"errors", "progress", "tasks", "files"}  # import nothing of unmask but errors; anyone may use them
+LEAVES = {"errors", "progress", "tasks", "files", "registry"}  # import nothing of unmask but errors; anyone may use them
 
 
 def _unit(path: Path) -> str:

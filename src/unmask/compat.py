@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from unmask.errors import UnmaskError
+from unmask.registry import Registry
 from unmask.sampler.policy import CommitPolicy, FactorPolicy, FixedPolicy, make_policy
 from unmask.sampler.proposal import ProposalConfig
 from unmask.sampler.schedule import EvenSchedule, Schedule
@@ -38,19 +39,12 @@ class LoopRules:
 
 
 NATIVE = LoopRules()
-COMPAT_MODES: dict[str, "CompatMode"] = {}
-
-
-def register(cls: type) -> type:
-    COMPAT_MODES[cls.name] = cls()
-    return cls
+COMPAT_MODES = Registry("compat", instances=True)  # name -> CompatMode instance
+register = COMPAT_MODES.register
 
 
 def get_mode(name: str) -> "CompatMode":
-    try:
-        return COMPAT_MODES[name]
-    except KeyError:
-        raise UnmaskError(f"unknown compat {name!r}; choose one of {', '.join(COMPAT_MODES)}") from None
+    return COMPAT_MODES.lookup(name, UnmaskError)
 
 
 class CompatMode:

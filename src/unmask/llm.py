@@ -162,7 +162,7 @@ class LLM:
             decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
         ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
-        results = [self._result(raw, decoded.row_nfe[r], decoded.row_commits[r], ends[decoded.row_nfe[r] - 1]
+        results = [self.result_of(raw, decoded.row_nfe[r], decoded.row_commits[r], ends[decoded.row_nfe[r] - 1]
                                 if decoded.row_nfe[r] else 0.0) for r, raw in enumerate(decoded.generated.tolist())]
         return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
@@ -178,7 +178,7 @@ class LLM:
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0
-        results = [self._result(q.canvas, q.nfe, q.commits, q.finished - t0) for q in reqs]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0) for q in reqs]
         return BatchOutput(results, engine.trace, seconds, params.cache, max(len(p) for p in ids))
 
     def _params(self, params) -> GenerationParams:
@@ -248,7 +248,8 @@ class LLM:
         if params.compat is not None:
             get_mode(params.compat).check_prompts(ids, self.arch.family)
 
-    def _result(self, raw: list[int], nfe: int, commits: list[int], seconds: float) -> GenerationResult:
+    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float) -> GenerationResult:
+        """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
         stops = set(self.token_ids.stop)
         cut = next((j for j, t in enumerate(raw) if t in stops), None)
         ids = raw if cut is None else raw[:cut]

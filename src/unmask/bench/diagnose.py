@@ -31,7 +31,7 @@ def run(llm, params, tasks: list[str], n: int, batch_size: int = 32) -> dict:
             ref = llm.generate(ids, reference).results  # one token per step, no cache
             eos = llm.token_ids.eos
             for ex, req, r in zip(chunk, reqs, ref):
-                result = llm._result(req.canvas, req.nfe, req.commits, 0.0)
+                result = llm.result_of(req.canvas, req.nfe, req.commits, 0.0)
                 gold = llm.tokenizer.encode(ex.answer, add_special_tokens=False)
                 gold = (gold + [eos] * params.gen_length)[: params.gen_length]  # the answer, then end-of-text padding
                 outcome[req.id] = {"task": task, "correct": score(ex, result.text).exact, "text": result.text,

@@ -14,6 +14,8 @@ s, so their windows start `shift` columns earlier.
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from unmask.registry import Registry
+
 
 @dataclass(frozen=True)
 class ForwardPlan:
@@ -31,15 +33,8 @@ class CachePolicy(Protocol):
         ...
 
 
-CACHES: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Add a cache policy class to CACHES under its `name`."""
-    if cls.name in CACHES:
-        raise ValueError(f"cache {cls.name!r} is registered twice")
-    CACHES[cls.name] = cls
-    return cls
+CACHES = Registry("cache")
+register = CACHES.register
 
 
 @register
@@ -98,8 +93,4 @@ class DualCache(PrefixCache):
 
 def make_cache_policy(p: Any):
     """The cache policy that generation parameters `p` name (p.cache)."""
-    try:
-        cls = CACHES[p.cache]
-    except KeyError:
-        raise ValueError(f"unknown cache {p.cache!r}; choose one of {', '.join(CACHES)}") from None
-    return cls.from_params(p)
+    return CACHES.lookup(p.cache).from_params(p)

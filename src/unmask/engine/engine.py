@@ -126,6 +126,7 @@ class _Rows:
     def __init__(self, device: torch.device, pad_id: int) -> None:
         self.device, self.pad_id = device, pad_id
         self.reqs: list[Request] = []
+        self.settings: list[int] = []  # each row's setting id, host-side (no read-back to find them)
         self.cap = 0
         z = lambda: torch.zeros(0, dtype=torch.long, device=device)  # noqa: E731
         self.x = torch.zeros(0, 1, dtype=torch.long, device=device)
@@ -180,6 +181,7 @@ class _Rows:
             self.k = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.k]
             self.v = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.v]
         self.reqs.append(req)
+        self.settings.append(cfg_id)
 
     def start_blocks(self, rows: torch.Tensor) -> None:
         """LLaDA's even schedule for rows entering a new (all-masked) block: blk // spb per step,
@@ -191,6 +193,7 @@ class _Rows:
     def keep(self, keep: torch.Tensor) -> None:
         idx = keep.tolist()
         self.reqs = [self.reqs[i] for i in idx]
+        self.settings = [self.settings[i] for i in idx]
         for name in ("x", "pos", "L", "P", "blk", "nblk", "spb", "block", "step", "cfg", "quota", "cached", "early"):
             setattr(self, name, getattr(self, name)[keep])
         if self.k is not None:
@@ -382,7 +385,7 @@ class Engine:
         s = r.P + r.block * r.blk
         refresh = torch.ones(r.n, dtype=torch.bool, device=self.device)
         start, end = torch.zeros_like(s), r.L.clone()
-        for cfg in r.cfg.unique().tolist():
+        for cfg in sorted(set(r.settings)):
             rows = r.cfg == cfg
             cache = self.parts_by_cfg[cfg].cache
             if not cache.stores_kv:
@@ -448,8 +451,14 @@ class Engine:
         tokens = torch.zeros_like(cols)
         commit = torch.zeros_like(cand)
         cfgs = r.cfg[idx]
-        for cfg in cfgs.unique().tolist():
-            sel = (cfgs == cfg).nonzero().squeeze(-1)
+        distinct = sorted(set(r.settings))
+        for cfg in distinct:
+            if len(distinct) == 1:  # one setting (the usual case): every row, no index to compute
+                sel = torch.arange(idx.numel(), device=self.device)
+            else:
+                sel = (cfgs == cfg).nonzero().squeeze(-1)
+                if sel.numel() == 0:
+                    continue
             parts = self.parts_by_cfg[cfg]
             tok, score, ent = self._propose(parts, idx[sel], logits[sel])
             quota = None

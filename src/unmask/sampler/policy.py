@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from unmask.registry import Registry
+
 
 class CommitPolicy(Protocol):
     uses_schedule: bool  # does it consume the schedule's per-step quota?
@@ -32,15 +34,8 @@ class CommitPolicy(Protocol):
         ...
 
 
-POLICIES: dict[str, type] = {}
-
-
-def register(cls: type) -> type:
-    """Add a policy class to POLICIES under its `name`."""
-    if cls.name in POLICIES:
-        raise ValueError(f"policy {cls.name!r} is registered twice")
-    POLICIES[cls.name] = cls
-    return cls
+POLICIES = Registry("policy")
+register = POLICIES.register
 
 
 class _Registered:
@@ -207,8 +202,4 @@ class BudgetPolicy(_Registered):
 
 def make_policy(p: Any) -> CommitPolicy:
     """The commit policy that generation parameters `p` name (p.policy), built from its knob."""
-    try:
-        cls = POLICIES[p.policy]
-    except KeyError:
-        raise ValueError(f"unknown policy {p.policy!r}; choose one of {', '.join(POLICIES)}") from None
-    return cls.from_params(p)
+    return POLICIES.lookup(p.policy).from_params(p)
