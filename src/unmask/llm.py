@@ -102,7 +102,11 @@ class LLM:
         block_length, steps) and the diffusion decoding settings (policy, its knobs, cache);
         sampling settings (temperature, top_p, ...) stay the caller's."""
         g = self.generation_config
-        return {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
+        defaults = {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
+        if self.arch.block_size:  # a block-diffusion model decodes its own blocks, with its exact cache
+            defaults.setdefault("block_length", self.arch.block_size)
+            defaults.setdefault("cache", "exact")
+        return defaults
 
     def default_params(self, **given) -> GenerationParams:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast

@@ -6,6 +6,10 @@ the next forward recomputes and whether it refreshes the cache. One small class 
 - prefix: a refresh (full forward that also proposes and commits) at the block start and every
           `refresh_interval` steps; other steps recompute [s, L) against cached K/V of [0, s).
 - dual:   like prefix, but other steps recompute only [s, e); the masked suffix is cached too.
+- exact:  block-diffusion models only (config bd_size): a finished block never sees a later one, so
+          its K/V are final once computed with its final tokens. One prefill (prompt and first
+          block), then each step the open block only; the step after a block completes also
+          recomputes that block (the commit forward, fused with the next block's first step).
 The refresh interval counts steps inside a block and is independent of the block length.
 Models whose logits are shifted (Dream) need the hidden state of column s - 1 to score column
 s, so their windows start `shift` columns earlier.
@@ -94,3 +98,23 @@ class DualCache(PrefixCache):
 def make_cache_policy(p: Any):
     """The cache policy that generation parameters `p` name (p.cache)."""
     return CACHES.lookup(p.cache).from_params(p)
+
+
+@register
+@dataclass(frozen=True)
+class ExactCache:
+    """A block-diffusion model's exact KV cache of finished blocks. Only the request engine runs it
+    (it plans the prefill, open-block and commit forwards; see the module docstring); the lockstep
+    compat loops, which call `plan`, never take it."""
+
+    name: ClassVar[str] = "exact"
+    stores_kv: ClassVar[bool] = True
+    refreshes: ClassVar[bool] = False
+    exact: ClassVar[bool] = True
+
+    @classmethod
+    def from_params(cls, p: Any) -> "ExactCache":
+        return cls()
+
+    def window_end(self, e: int, length: int) -> int:
+        return e

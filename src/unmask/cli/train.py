@@ -7,7 +7,7 @@ from unmask.cli.common import parse_tasks
 
 TRAIN_FLAGS = (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int), ("batch", int),
                ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int), ("eval-n", int),
-               ("logit-shift", int))
+               ("logit-shift", int), ("block-length", int))
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -24,14 +24,14 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def add_parsers(sub) -> dict:
     """Add this module's commands to the subparsers; returns {name: function}."""
-    t = sub.add_parser("train", help="train the embedded model (masked diffusion) or its AR twin")
+    t = sub.add_parser("train", help="train the embedded model (masked diffusion), a block-diffusion model or the AR twin")
     t.add_argument("--out", required=True, help="run folder (trainer state + model/ checkpoint)")
     t.add_argument("--resume", action="store_true", help="continue the run in --out")
     t.add_argument("--overwrite", action="store_true",
                    help="write into --out even if it holds another run or other files")
     t.add_argument("--until", type=int, default=None,
                    help="stop after this step with a checkpoint (continue later with --resume)")
-    t.add_argument("--kind", default="diffusion", help="diffusion or ar")
+    t.add_argument("--kind", default="diffusion", help="diffusion (LLaDA objective), block (block diffusion, blocks of --block-length) or ar")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
     t.add_argument("--tasks", default=None, help="comma-separated task mixture, task or task=weight")
     t.add_argument("--init-from", default=None, help="start from this model or run folder's weights")

@@ -62,7 +62,7 @@ class Observer:
         data = [t.tolist() for t in (commit, still_open, conf_c, conf_f, agree, kl)]
         toks = tokens.tolist()
         rows, blocks, steps = idx.tolist(), r.block[idx].tolist(), r.step[idx].tolist()
-        blk = r.blk[idx].tolist()
+        blk, first = (r.e - r.s)[idx].tolist(), (r.s - r.P)[idx].tolist()
         for b, (row, block, step) in enumerate(zip(rows, blocks, steps)):
             req = r.reqs[row]
             age = 0 if kind == "full" else self._age.get(req.id, 0) + 1
@@ -72,7 +72,7 @@ class Observer:
                 if not data[0][b][w]:
                     continue
                 dist = min((abs(w - j) for j in open_cols), default=-1)
-                self.commits.append(CommitRecord(req.id, block, step, block * blk[b] + w, toks[b][w], w, age, dist,
+                self.commits.append(CommitRecord(req.id, block, step, first[b] + w, toks[b][w], w, age, dist,
                                                  data[2][b][w], data[3][b][w], bool(data[4][b][w]),
                                                  max(0.0, data[5][b][w])))
             if kind == "window" and r.k is not None:

@@ -32,6 +32,7 @@ from enum import Enum
 
 import torch
 
+from unmask.cache.policy import CACHES
 from unmask.engine.parts import DecodeParts, build_parts
 from unmask.errors import UnmaskError
 from unmask.models.base import DiffusionLM, TokenIds
@@ -77,6 +78,7 @@ class Request:
     arrival: float
     status: Status = Status.WAITING
     nfe: int = 0
+    commit_forwards: int = 0  # of its forwards, those that wrote a finished block's exact K/V (block models)
     commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
     committed: int = 0  # contiguous committed tokens from the start of the answer
     canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)
@@ -107,15 +109,23 @@ class StepOutput:
 class ForwardRecord:
     """One batched forward of a step (a step runs at most two: full rows and window rows)."""
 
-    kind: str  # "full" (no cache, or a cache refresh) | "window" (a cached step)
+    # "full" (no cache, a cache refresh, or a block model's prefill) | "window" (a cached step) |
+    # "commit" (a cached step in which `commit_rows` rows also write the final K/V of the block
+    # they just finished: a block model's commit forward, fused with the next block's first step)
+    kind: str
     rows: int
     positions: float  # positions computed per row (mean over the rows)
     committed: int  # tokens committed over all rows
     seconds: float = 0.0
+    commit_rows: int = 0
 
     @property
     def refresh(self) -> bool:
         return self.kind == "full"
+
+    @property
+    def cached(self) -> bool:
+        return self.kind != "full"
 
 
 class _Rows:
@@ -131,9 +141,11 @@ class _Rows:
         z = lambda: torch.zeros(0, dtype=torch.long, device=device)  # noqa: E731
         self.x = torch.zeros(0, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(0, 1, dtype=torch.long, device=device)
-        self.L, self.P, self.blk, self.nblk, self.spb = z(), z(), z(), z(), z()
+        self.L, self.P, self.blk, self.spb, self.tps = z(), z(), z(), z(), z()
+        self.s, self.e, self.kvx = z(), z(), z()  # the open block [s, e); K/V exact before column kvx
         self.block, self.step, self.cfg = z(), z(), z()
         self.cached = torch.zeros(0, dtype=torch.bool, device=device)  # the row's cache policy keeps KV
+        self.exact = torch.zeros(0, dtype=torch.bool, device=device)  # ... exact K/V of finished blocks
         self.early = torch.zeros(0, dtype=torch.bool, device=device)  # the row stops at its end of text
         self.quota = torch.zeros(0, 1, dtype=torch.long, device=device)
         self.k: list[torch.Tensor] | None = None  # per layer (N, H_kv, cap + 1, D)
@@ -153,9 +165,13 @@ class _Rows:
             self.k, self.v = [grow(t) for t in self.k], [grow(t) for t in self.v]
         self.cap = cap
 
-    def add(self, req: Request, mask_id: int, cfg_id: int, smax: int) -> None:
+    def add(self, req: Request, mask_id: int, cfg_id: int, smax: int, align: int) -> None:
+        """`align`: a block-diffusion model's block size (blocks are positions [kB, (k+1)B), the
+        first open block holds the end of the prompt), or 0: blocks of block_length from the
+        answer's first column."""
         b = lambda v: torch.tensor([v], dtype=torch.bool, device=self.device)  # noqa: E731
         self.cached = torch.cat([self.cached, b(req.parts.cache.stores_kv)])
+        self.exact = torch.cat([self.exact, b(getattr(req.parts.cache, "exact", False))])
         self.early = torch.cat([self.early, b(req.parts.rules.early_stop)])
         p = req.params
         P, L = len(req.prompt), len(req.prompt) + p.gen_length
@@ -170,8 +186,13 @@ class _Rows:
         self.pos = torch.cat([self.pos, pos.to(self.device)])
         t = lambda v: torch.tensor([v], device=self.device)  # noqa: E731
         self.L, self.P = torch.cat([self.L, t(L)]), torch.cat([self.P, t(P)])
-        self.blk, self.nblk = torch.cat([self.blk, t(p.block_length)]), torch.cat([self.nblk, t(p.num_blocks)])
+        self.blk = torch.cat([self.blk, t(p.block_length)])
         self.spb = torch.cat([self.spb, t(p.steps_per_block)])
+        # aligned blocks can be partial: the fixed schedule keeps its tokens per step instead
+        self.tps = torch.cat([self.tps, t(max(1, p.block_length // p.steps_per_block) if align else 0)])
+        e = min((P // align + 1) * align, L) if align else P + p.block_length
+        self.s, self.e = torch.cat([self.s, t(P)]), torch.cat([self.e, t(e)])
+        self.kvx = torch.cat([self.kvx, t(P // align * align if align else 0)])
         self.block, self.step, self.cfg = torch.cat([self.block, t(0)]), torch.cat([self.step, t(0)]), torch.cat([self.cfg, t(cfg_id)])
         if self.quota.shape[1] < smax:
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.quota.shape[0], smax - self.quota.shape[1])], 1)
@@ -184,9 +205,11 @@ class _Rows:
         self.settings.append(cfg_id)
 
     def start_blocks(self, rows: torch.Tensor) -> None:
-        """LLaDA's even schedule for rows entering a new (all-masked) block: blk // spb per step,
-        the remainder first."""
-        blk, spb = self.blk[rows], self.spb[rows]
+        """LLaDA's even schedule for rows entering a new (all-masked) block: len // spb per step,
+        the remainder first (rows of a block model: as many steps as its tokens per step need)."""
+        blk, tps = self.e[rows] - self.s[rows], self.tps[rows]
+        spb = torch.where(tps > 0, (blk + tps - 1) // tps.clamp(min=1), self.spb[rows])
+        self.spb[rows] = spb
         cols = torch.arange(self.quota.shape[1], device=self.device)[None, :]
         self.quota[rows] = torch.where(cols < spb[:, None], blk[:, None] // spb[:, None] + (cols < (blk % spb)[:, None]), 0)
 
@@ -194,7 +217,8 @@ class _Rows:
         idx = keep.tolist()
         self.reqs = [self.reqs[i] for i in idx]
         self.settings = [self.settings[i] for i in idx]
-        for name in ("x", "pos", "L", "P", "blk", "nblk", "spb", "block", "step", "cfg", "quota", "cached", "early"):
+        for name in ("x", "pos", "L", "P", "blk", "spb", "tps", "s", "e", "kvx", "block", "step", "cfg", "quota",
+                     "cached", "early", "exact"):
             setattr(self, name, getattr(self, name)[keep])
         if self.k is not None:
             self.k, self.v = [t[keep] for t in self.k], [t[keep] for t in self.v]
@@ -247,6 +271,8 @@ class Engine:
         # j + 1, one prefill forward over the canvas, then each step a cached window [t - 1, t + 1)
         self.causal = bool(model.config.causal)
         self.shift = 1 if self.causal else model.config.logit_shift
+        # a block-diffusion model: its attention blocks are the decoding blocks
+        self.align = model.config.block_size
         self.config = config or EngineConfig()
         self.device = next(model.parameters()).device
         self.mask = tokens.mask
@@ -271,6 +297,7 @@ class Engine:
             raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
         if len(self.waiting) >= self.config.max_waiting:
             raise UnmaskError(f"the queue is full ({self.config.max_waiting} requests waiting)")
+        self._check_block_model(params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
@@ -284,6 +311,20 @@ class Engine:
         if params.seed is not None:
             self.gens[rid] = torch.Generator(self.device).manual_seed(params.seed)
         return req
+
+    def _check_block_model(self, p: GenerationParams) -> None:
+        exact = getattr(CACHES.lookup(p.cache), "exact", False)
+        if not self.align:
+            if exact:
+                raise UnmaskError(f"cache {p.cache!r} is exact only for block-diffusion models (config bd_size); "
+                                  "this model attends over the whole canvas: use none, prefix or dual")
+            return
+        if p.block_length != self.align:
+            raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model decodes its own blocks of "
+                              f"{self.align} positions (config bd_size); use block_length {self.align}")
+        if CACHES.lookup(p.cache).stores_kv and not exact:
+            raise UnmaskError(f"cache {p.cache!r} approximates a full-attention model's K/V; this block-diffusion "
+                              "model's finished blocks are cached exactly: use cache exact (or none)")
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its rows are freed. False if it is unknown or already done."""
@@ -326,8 +367,7 @@ class Engine:
             return []
         shift = self.shift
         refresh, start, end = self._plan()
-        s = r.P + r.block * r.blk
-        e = s + r.blk
+        s, e = r.s, r.e
         cost = torch.where(refresh, r.L, end - start)
         # window rows first, then full rows, each oldest first; the first row always runs
         order = torch.argsort(refresh.long() * (r.n + 1) + torch.arange(r.n, device=self.device), stable=True)
@@ -335,11 +375,15 @@ class Engine:
         within[0] = True
         run = torch.zeros(r.n, dtype=torch.bool, device=self.device)
         run[order[within]] = True
+        # exact-cache rows whose window also holds the block they finished last step: this forward
+        # writes that block's final K/V (the commit forward, fused with the next block's first step)
+        commit_kv = run & ~refresh & r.exact & (r.kvx < s // max(self.align, 1) * self.align)
         # one host read for the step's shape: widest block, rows of each kind, positions of each kind
         width = torch.where(refresh, r.L, end - start)
-        W, n_win, n_full, pos_win, pos_full = torch.stack([
-            r.blk.max(), (run & ~refresh).sum(), (run & refresh).sum(),
-            torch.where(run & ~refresh, width, 0).sum(), torch.where(run & refresh, width, 0).sum()]).tolist()
+        W, n_win, n_full, pos_win, pos_full, n_commit = torch.stack([
+            (e - s).max(), (run & ~refresh).sum(), (run & refresh).sum(),
+            torch.where(run & ~refresh, width, 0).sum(), torch.where(run & refresh, width, 0).sum(),
+            commit_kv.sum()]).tolist()
         committed = torch.zeros(r.n, dtype=torch.long, device=self.device)
         for kind, rows, count, positions in (("window", run & ~refresh, n_win, pos_win),
                                              ("full", run & refresh, n_full, pos_full)):
@@ -355,8 +399,12 @@ class Engine:
             committed[idx] = n
             if self.observer is not None:
                 self.observer.observe(self, kind, idx, s, W, logits, fresh, self._last_commit)
-            self.trace.append(ForwardRecord(kind, count, positions / count, n.sum(), time.perf_counter() - t0))
-        outputs = self._advance(run, s, e, committed)
+            label = "commit" if kind == "window" and n_commit else kind
+            self.trace.append(ForwardRecord(label, count, positions / count, n.sum(), time.perf_counter() - t0,
+                                            n_commit if label == "commit" else 0))
+        if self.align:  # K/V is exact up to the open block once a forward has computed it
+            r.kvx = torch.where(run & r.exact, s // self.align * self.align, r.kvx)
+        outputs = self._advance(run, s, e, committed, commit_kv)
         for rec in self.trace[-2:]:  # committed counts are read with the step's bookkeeping
             if isinstance(rec.committed, torch.Tensor):
                 rec.committed = int(rec.committed)
@@ -375,20 +423,25 @@ class Engine:
             cfg = self.configs.setdefault(key, len(self.configs))
             self.parts_by_cfg.setdefault(cfg, req.parts)
             smax = max(req.params.steps_per_block, 1)
-            self.rows.add(req, self.mask, cfg, smax)
+            self.rows.add(req, self.mask, cfg, smax, self.align)
             req.status = Status.RUNNING
 
     def _plan(self):
         """Per row: does this step refresh (full forward), and the window [start, end) otherwise."""
         r = self.rows
         shift = self.shift
-        s = r.P + r.block * r.blk
+        s = r.s
         refresh = torch.ones(r.n, dtype=torch.bool, device=self.device)
         start, end = torch.zeros_like(s), r.L.clone()
         for cfg in sorted(set(r.settings)):
             rows = r.cfg == cfg
             cache = self.parts_by_cfg[cfg].cache
             if not cache.stores_kv:
+                continue
+            if getattr(cache, "exact", False):  # a block model: one prefill, then the open block
+                refresh = torch.where(rows, (r.step == 0) & (r.block == 0), refresh)
+                start = torch.where(rows, torch.minimum(r.kvx, s - shift), start)
+                end = torch.where(rows, r.e, end)
                 continue
             ri = cache.refresh_interval
             fresh = r.step == 0
@@ -398,7 +451,7 @@ class Engine:
                 fresh = fresh | (r.step % ri == 0)
             refresh = torch.where(rows, fresh, refresh)
             start = torch.where(rows, s - shift, start)
-            end = torch.where(rows, cache.window_end(s + r.blk, r.L), end)
+            end = torch.where(rows, cache.window_end(r.e, r.L), end)
         return refresh, start, end
 
     def _forward(self, kind: str, idx: torch.Tensor, start, end, s, shift: int, W: int, all_rows: bool) -> torch.Tensor:
@@ -444,7 +497,7 @@ class Engine:
         """Propose, select and write for rows `idx`; returns tokens committed per row."""
         r = self.rows
         ar = torch.arange(W, device=self.device)[None, :]
-        valid = ar < r.blk[idx, None]
+        valid = ar < (r.e - s)[idx, None]
         cols = torch.where(valid, s[idx, None] + ar, r.cap)
         x = r.x[idx]
         cand = (x.gather(1, cols) == self.mask) & valid
@@ -475,7 +528,7 @@ class Engine:
             props, where = tokens[watched].tolist(), (cols[watched] - s[idx[watched], None]).tolist()
             for k, i in enumerate(watched):
                 req = r.reqs[int(idx[i])]
-                base = int(r.blk[idx[i]]) * int(r.block[idx[i]])
+                base = int(s[idx[i]]) - int(r.P[idx[i]])
                 req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
         self._last_commit = (commit, tokens, cand)
         new = torch.where(commit, tokens, x.gather(1, cols))
@@ -493,7 +546,8 @@ class Engine:
         if not sampled:
             p = propose(logits, cfg, None)
             return p.tokens, p.score, p.entropy
-        out = [propose(logits[i : i + 1, : int(self.rows.blk[row])], cfg, self.gens.get(self.rows.reqs[row].id))
+        width = (self.rows.e - self.rows.s)[idx].tolist()
+        out = [propose(logits[i : i + 1, : width[i]], cfg, self.gens.get(self.rows.reqs[row].id))
                for i, row in enumerate(idx.tolist())]
         W = logits.shape[1]
         pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
@@ -502,7 +556,8 @@ class Engine:
         ent = None if out[0].entropy is None else torch.cat([pad(p.entropy, torch.inf) for p in out])
         return tokens, score, ent
 
-    def _advance(self, run: torch.Tensor, s: torch.Tensor, e: torch.Tensor, committed: torch.Tensor) -> list[StepOutput]:
+    def _advance(self, run: torch.Tensor, s: torch.Tensor, e: torch.Tensor, committed: torch.Tensor,
+                 commit_kv: torch.Tensor) -> list[StepOutput]:
         """Per-row bookkeeping after the forwards: steps, block ends, finished rows, streaming."""
         r = self.rows
         cols = torch.arange(r.cap + 1, device=self.device)[None, :]
@@ -513,7 +568,7 @@ class Engine:
         first_mask = torch.where(masked.any(-1), masked.int().argmax(-1), r.L)
         prefix = first_mask - r.P
         block_done = run & ~block_open
-        last_block = r.block + 1 >= r.nblk
+        last_block = e >= r.L
         is_stop = torch.isin(r.x, self.stop_ids) & in_gen
         has_stop = is_stop.any(-1)
         first_stop = torch.where(has_stop, is_stop.int().argmax(-1), r.L)
@@ -522,22 +577,24 @@ class Engine:
         advance = block_done & ~done
         r.step = torch.where(run & ~block_done, r.step + 1, r.step)
         r.block = torch.where(advance, r.block + 1, r.block)
+        r.s, r.e = torch.where(advance, e, s), torch.where(advance, torch.minimum(e + r.blk, r.L), e)
         r.step = torch.where(advance, torch.zeros_like(r.step), r.step)
         if bool(advance.any()):
             r.start_blocks(advance.nonzero().squeeze(-1))
         stuck = run & block_open & (committed == 0)
-        info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long()], 1).tolist()
-        grew = [i for i, (ran, _, pre, _, _) in enumerate(info)
+        info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), commit_kv.long()], 1).tolist()
+        grew = [i for i, (ran, _, pre, _, _, _) in enumerate(info)
                 if ran and (pre > r.reqs[i].committed or r.reqs[i].watch)]
         rows_x = dict(zip(grew, r.x[grew].tolist())) if grew else {}  # one transfer for every row that grew
         now = time.perf_counter()
         outputs = []
-        for i, (req, (ran, n, pre, fin, bad)) in enumerate(zip(list(r.reqs), info)):
+        for i, (req, (ran, n, pre, fin, bad, ckv)) in enumerate(zip(list(r.reqs), info)):
             if bad:
                 raise RuntimeError(f"request {req.id}: a step committed nothing while its block is open (policy bug)")
             if not ran:
                 continue
             req.nfe += 1
+            req.commit_forwards += ckv
             req.commits.append(n)
             req.started = req.started or now
             new_ids, canvas = [], None

@@ -31,6 +31,10 @@ class ArchConfig:
     logit_shift: int = 0
     # causal attention: unmask's autoregressive twin models (an extension of the LLaDA layout)
     causal: bool = False
+    # block diffusion (config.json `bd_size`): 0 = bidirectional over the whole sequence; B >= 1:
+    # the query at position p attends to the key at position k iff k // B <= p // B (blocks of B
+    # positions from position 0, bidirectional inside a block, never a later block)
+    block_size: int = 0
 
     def __post_init__(self) -> None:
         """A config that cannot describe a working model is refused by name."""
@@ -44,6 +48,10 @@ class ArchConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
                 raise CheckpointError(f"config.json: {name} {v!r} must be a finite number > 0")
             object.__setattr__(self, name, float(v))
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size < 0:
+            raise CheckpointError(f"config.json: bd_size {self.block_size!r} must be a positive integer")
+        if self.block_size and self.causal:
+            raise CheckpointError("config.json: a model is either causal or a block-diffusion model (bd_size), not both")
         if self.hidden_size % self.num_heads:
             raise CheckpointError(f"config.json: hidden size {self.hidden_size} is not a multiple of the "
                                   f"{self.num_heads} attention heads")
@@ -118,6 +126,8 @@ class DiffusionLM(nn.Module):
       -> logits (B, n, V) for the hidden positions selected by `logits_slice`: a slice shared by
       all rows, a (B, n) tensor of positions per row, or None for all q.
     Models know nothing about commit policies or cache policies; `kv` is a KVBuffer or None.
+    A block-diffusion model (`config.block_size`) masks attention by blocks of positions; with a
+    KV buffer, key column c holds position c (the engine's right-padded canvas).
     A family declares its parameters (named as its checkpoints name them) and `parts()`.
     """
 
@@ -136,13 +146,20 @@ class DiffusionLM(nn.Module):
         kv_start: int = 0,
         key_mask: torch.Tensor | None = None,
         logits_slice: slice | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`attn_mask` (B, 1, q, Lk), True = attend, replaces the model's own attention rule and
+        `key_mask` (the block-diffusion training objective attends across two copies of a sequence)."""
         embed, blocks, norm, head = self.parts()
         x = embed(input_ids)
         rope = self.rope(positions)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        if self.config.causal:
+        if attn_mask is not None:
+            mask = attn_mask
+        elif self.config.causal:
             mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
+        elif self.config.block_size:
+            mask = _with_blocks(mask, positions, kv, self.config.block_size)
         for i, block in enumerate(blocks):
             x = block(x, rope, kv, i, kv_start, mask)
         if isinstance(logits_slice, torch.Tensor):  # (B, n) hidden positions per row
@@ -165,3 +182,16 @@ def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start, device) -> torch.T
         offset = kv_start if kv is not None else 0
         causal = (torch.arange(keys, device=device)[None, :] <= (offset + cols)[:, None])[None, None]
     return causal if mask is None else mask & causal
+
+
+def _with_blocks(mask, positions: torch.Tensor, kv: KVBuffer | None, size: int) -> torch.Tensor:
+    """Combine a (B, 1, 1, Lk) padding mask with the block-diffusion rule "key block <= query
+    block", blocks of `size` positions. Without a buffer the keys are the queries; with one, key
+    column c is position c."""
+    q_blk = positions // size  # (B, q)
+    if kv is None:
+        k_blk = q_blk[:, None, :]
+    else:
+        k_blk = (torch.arange(kv.length, device=positions.device) // size)[None, None, :]
+    allowed = (k_blk <= q_blk[:, :, None])[:, None]  # (B, 1, q, Lk)
+    return allowed if mask is None else mask & allowed

@@ -47,6 +47,7 @@ def llada_arch(cfg: dict) -> ArchConfig:
         qkv_bias=_flag(cfg, "include_qkv_bias"),
         causal=_flag(cfg, "causal"),
         logit_shift=_logit_shift(cfg.get("logit_shift", 0)),
+        block_size=cfg_int(cfg, "bd_size", 0),
     )
 
 

@@ -29,7 +29,8 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
 
     llm = LLM.from_parts(model, Tokenizer(tok, {}, None), token_ids(tok))
     g = cfg.gen_length
-    params = GenerationParams(gen_length=g, block_length=g, steps=g)  # one token per step
+    block = cfg.block_length if cfg.kind == "block" else g
+    params = GenerationParams(gen_length=g, block_length=block, steps=g)  # one token per step
     model.eval()
     res = evaluate(llm, tuple(sorted(cfg.tasks)), cfg.eval_n, params, batch_size=cfg.eval_n)
     model.train()
@@ -115,7 +116,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         meta = {"config": asdict(cfg), "step": step, "elapsed_seconds": elapsed + time.time() - t0,
                 "history": history, "final": final}
         g = cfg.gen_length
-        save_model(model, tok, out / "model", {"gen_length": g, "block_length": g, "steps": g}, meta)
+        block = cfg.block_length if cfg.kind == "block" else g
+        save_model(model, tok, out / "model", {"gen_length": g, "block_length": block, "steps": g}, meta)
         torch.save({"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "sampler": sampler.state(), "generator": gen.get_state(), "step": step,
                     "history": history, "elapsed": elapsed + time.time() - t0, "smooth": smooth}, out / (STATE + ".tmp"))

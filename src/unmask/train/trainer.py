@@ -1,9 +1,10 @@
-"""`unmask train`: masked-diffusion SFT (LLaDA objective) or the causal AR twin.
+"""`unmask train`: masked-diffusion SFT (LLaDA objective), block diffusion, or the causal AR twin.
 
 Diffusion objective (LLaDA SFT): the prompt is never masked; every answer position (end-of-text
 padding included) is masked with probability t, t ~ U(eps, 1) drawn stratified across the batch;
 the loss is cross-entropy on masked positions weighted by 1/t, divided by the answer canvas length.
 AR objective: next-token cross-entropy on the answer and its first end-of-text token.
+Block-diffusion objective (`block_loss`): BD3-LM / Fast-dLLM v2's vectorised form, with token shift.
 
 Seeded and resumable: the run folder holds `trainer_state.pt` (model, optimizer, data and torch RNG
 states) and `model/`, a checkpoint in the released LLaDA layout that loads through unmask's loader.
@@ -28,7 +29,7 @@ DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
 @dataclass
 class TrainConfig:
-    kind: str = "diffusion"  # "diffusion" | "ar"
+    kind: str = "diffusion"  # "diffusion" | "ar" | "block"
     layers: int = 4
     d_model: int = 256
     heads: int = 4
@@ -50,13 +51,19 @@ class TrainConfig:
     # diffusion only: 1 = logits at position j score token j + 1 (the AR alignment, as Dream kept
     # when it was adapted from Qwen); 0 = LLaDA's own alignment
     logit_shift: int = 0
+    # block only: attention block of B positions (config.json bd_size); block models keep the AR
+    # alignment (token shift, logit_shift 1)
+    block_length: int = 8
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
 
-        if self.kind not in ("diffusion", "ar"):
-            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion or ar")
-        for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps", "eval_every", "eval_n"):
+        if self.kind not in ("diffusion", "ar", "block"):
+            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion, block or ar")
+        if self.kind == "block":
+            self.logit_shift = 1  # token shift: the first token of a block is predicted by the last of the previous one
+        for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps", "eval_every", "eval_n",
+                     "block_length"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
@@ -73,7 +80,7 @@ class TrainConfig:
                 raise UnmaskError(f"task weight {w!r} for {task!r} must be a finite number > 0")
         if self.d_model % self.heads or (self.d_model // self.heads) % 2:
             raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
-        if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind != "diffusion"):
+        if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind == "ar"):
             raise UnmaskError(f"logit_shift {self.logit_shift!r} must be 0 or 1, and 1 only for a diffusion model")
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps"):
             v = getattr(self, name)
@@ -86,7 +93,8 @@ class TrainConfig:
 
 def arch_for(cfg: TrainConfig, vocab_size: int) -> ArchConfig:
     return ArchConfig("llada", vocab_size, cfg.d_model, cfg.layers, cfg.heads, cfg.heads, cfg.mlp,
-                      10000.0, 1e-5, 512, causal=cfg.kind == "ar", logit_shift=cfg.logit_shift)
+                      10000.0, 1e-5, 512, causal=cfg.kind == "ar", logit_shift=cfg.logit_shift,
+                      block_size=cfg.block_length if cfg.kind == "block" else 0)
 
 
 def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
@@ -108,6 +116,8 @@ def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
         cfg["causal"] = True  # unmask extension: the autoregressive twin
     if arch.logit_shift:
         cfg["logit_shift"] = arch.logit_shift  # unmask extension: AR alignment kept (Dream-style)
+    if arch.block_size:
+        cfg["bd_size"] = arch.block_size  # block diffusion, named as Fast-dLLM v2 names it
     return cfg
 
 
@@ -157,6 +167,54 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
     return ((ce * masked) / t[:, None]).sum()
 
 
+def block_attention(positions: torch.Tensor, real: torch.Tensor | None, size: int) -> torch.Tensor:
+    """The block-diffusion training mask over [noisy | clean] (2n columns, both halves at the
+    same positions): a query attends to its own block in its own half; a noisy query also to
+    the clean blocks before its block; a clean query to the clean blocks up to its own; the clean
+    half never sees the noisy half. `real` (B, n) masks padding. Returns (B, 1, 2n, 2n)."""
+    blk = positions // size
+    n = blk.shape[1]
+    b2 = torch.cat([blk, blk], 1)
+    half = torch.arange(2 * n, device=blk.device) >= n  # True = clean
+    qb, kb = b2[:, :, None], b2[:, None, :]
+    qc, kc = half[None, :, None], half[None, None, :]
+    allowed = ((qc == kc) & (qb == kb)) | (~qc & kc & (kb < qb)) | (qc & kc & (kb <= qb))
+    if real is not None:
+        allowed = allowed & torch.cat([real, real], 1)[:, None, :]
+    return allowed[:, None]
+
+
+def block_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) -> torch.Tensor:
+    """Sum over rows of the block-diffusion loss with token shift (divide by rows x canvas length).
+
+    Blocks are `bd_size` positions counted from position 0 (the prompt's first token), as at
+    inference. Each (row, block) draws its own noise level t ~ U(eps, 1); answer positions
+    (end-of-text padding included) are masked with probability t in the noisy copy. A position
+    is scored by the hidden state before it (token shift): inside a block, by the noisy copy's
+    previous position, weighted 1/t where masked; the first position of a block, by the clean
+    copy's last position of the previous block, always (the AR step that proposes the first token
+    of the next block at inference, whether or not that position is masked in the noisy copy).
+    """
+    size = model.config.block_size
+    R, n = b.ids.shape
+    P = b.prompt_len
+    blk = b.positions // size
+    t = eps + (1 - eps) * torch.rand(R, int(blk.max()) + 1, generator=gen)
+    t_pos = t.gather(1, blk)
+    answer = torch.arange(n)[None, :] >= P
+    masked = (torch.rand(R, n, generator=gen) < t_pos) & answer
+    noisy = torch.where(masked, mask_id, b.ids)
+    first = (b.positions % size == 0)[:, P:]  # (R, G) answer positions that open a block
+    cols = torch.arange(P, n)[None, :] - 1
+    source = torch.where(first, cols + n, cols)  # hidden column that scores each answer position
+    logits = model(torch.cat([noisy, b.ids], 1), torch.cat([b.positions, b.positions], 1),
+                   logits_slice=source, attn_mask=block_attention(b.positions, b.key_mask, size))
+    target = b.ids[:, P:]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(R, -1)
+    weight = torch.where(first, 1.0, masked[:, P:] / t_pos[:, P:])
+    return (ce * weight).sum()
+
+
 def ar_loss(model, b: Batch) -> torch.Tensor:
     """Sum of next-token cross-entropy over the answer and its end-of-text token (divide by
     `ar_targets(b)` for the mean)."""
@@ -184,6 +242,8 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         rows = sum(b.ids.shape[0] for b in batches)
         t = noise_levels(rows, cfg.eps, gen)
         denom = rows * cfg.gen_length
+    elif cfg.kind == "block":
+        denom = sum(b.ids.shape[0] for b in batches) * cfg.gen_length
     else:
         denom = sum(ar_targets(b) for b in batches)
     total, r = torch.zeros(()), 0
@@ -191,6 +251,8 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
             loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen) / denom
+        elif cfg.kind == "block":
+            loss = block_loss(model, b, mask_id, cfg.eps, gen) / denom
         else:
             loss = ar_loss(model, b) / denom
         loss.backward()
