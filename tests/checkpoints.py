@@ -144,3 +144,87 @@ def write_dream(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shar
     t["lm_head.weight"][cfg["mask_token_id"]] = 0
     _save_sharded(folder, t, shards)
     return folder
+
+
+QWEN_BLOCK_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _write_qwen_block(folder: Path, cfg: dict, mask: str, tensors_fn, seed: int, shards: int) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _write_tokenizer(folder, QWEN_BLOCK_SPECIALS + [mask])
+    cfg = {**cfg, "vocab_size": len(vocab), "eos_token_id": vocab["<|im_end|>"], "bos_token_id": vocab["<|endoftext|>"],
+           "pad_token_id": vocab["<|endoftext|>"]}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"], vocab["<|endoftext|>"]]}))
+    tok_cfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": QWEN_TEMPLATE,
+               "tokenizer_class": "Qwen2Tokenizer"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    g = torch.Generator().manual_seed(seed)
+    t = tensors_fn(len(vocab), g)
+    t["lm_head.weight"][vocab[mask]] = 0
+    _save_sharded(folder, t, shards)
+    return folder
+
+
+def write_fast_dllm_v2(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, bd_size=8, seed=0, shards=2) -> Path:
+    """Fast-dLLM v2's layout (Efficient-Large-Model/Fast_dLLM_v2_7B): Qwen2.5 keys with q/k/v biases,
+    bd_size in config.json, the mask token `|<MASK>|` found in the tokenizer (no mask_token_id)."""
+    cfg = {
+        "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen",
+        "auto_map": {"AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+                     "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM"},
+        "bd_size": bd_size, "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "intermediate_size": ff, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "hidden_act": "silu",
+        "use_sliding_window": False, "sliding_window": 131072, "rope_scaling": None, "torch_dtype": "bfloat16",
+    }
+    return _write_qwen_block(Path(folder), cfg, "|<MASK>|",
+                             lambda V, g: dream_tensors(V, d, layers, heads, kv_heads, ff, g), seed, shards)
+
+
+def sdar_tensors(vocab: int, d: int, layers: int, heads: int, kv_heads: int, hd: int, ff: int, gen, scale=0.3):
+    r = lambda *s: torch.randn(*s, generator=gen) * scale  # noqa: E731
+    t = {"model.embed_tokens.weight": r(vocab, d) * 3}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
+        for n, rows in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+            t[p + f"self_attn.{n}_proj.weight"] = r(rows, d)
+        t[p + "self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=gen)
+        t[p + "self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=gen)
+        t[p + "self_attn.o_proj.weight"] = r(d, heads * hd)
+        t[p + "mlp.gate_proj.weight"] = r(ff, d)
+        t[p + "mlp.up_proj.weight"] = r(ff, d)
+        t[p + "mlp.down_proj.weight"] = r(d, ff)
+    t["model.norm.weight"] = torch.ones(d)
+    t["lm_head.weight"] = r(vocab, d) * 3
+    return t
+
+
+def write_sdar(folder, d=32, layers=2, heads=4, kv_heads=2, head_dim=16, ff=64, seed=0, shards=2, **extra) -> Path:
+    """SDAR's layout (JetLM/SDAR-*-Chat): Qwen3 keys, per-head q_norm/k_norm, head_dim that need not
+    be hidden_size / heads (here 4 x 16 = 64 > 32), no q/k/v biases, mask token `<|MASK|>`."""
+    cfg = {
+        "architectures": ["SDARForCausalLM"], "model_type": "sdar",
+        "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+        "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "intermediate_size": ff, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "attention_bias": False,
+        "hidden_act": "silu", "use_sliding_window": False, "rope_scaling": None, **extra,
+    }
+    return _write_qwen_block(Path(folder), cfg, "<|MASK|>",
+                             lambda V, g: sdar_tensors(V, d, layers, heads, kv_heads, head_dim, ff, g), seed, shards)
+
+
+def write_llada_block(folder, bd_size=4, **kw) -> Path:
+    """unmask's own block-diffusion layout: a LLaDA folder with bd_size and logit_shift (default-block)."""
+    folder = write_llada(folder, **kw)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(bd_size=bd_size, logit_shift=1)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder

@@ -28,6 +28,7 @@ class GenerationResult:
     nfe: int  # forwards this row took part in
     commits: list[int]  # tokens committed at each of those forwards
     seconds: float = 0.0  # from the start of decoding until this request finished (its latency)
+    commit_forwards: int = 0  # block models: forwards that also wrote a finished block's exact K/V
 
     @property
     def num_tokens(self) -> int:
@@ -182,7 +183,7 @@ class LLM:
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0
-        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0) for q in reqs]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.commit_forwards) for q in reqs]
         return BatchOutput(results, engine.trace, seconds, params.cache, max(len(p) for p in ids))
 
     def _params(self, params) -> GenerationParams:
@@ -252,14 +253,15 @@ class LLM:
         if params.compat is not None:
             get_mode(params.compat).check_prompts(ids, self.arch.family)
 
-    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float) -> GenerationResult:
+    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float,
+                  commit_forwards: int = 0) -> GenerationResult:
         """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
         stops = set(self.token_ids.stop)
         cut = next((j for j, t in enumerate(raw) if t in stops), None)
         ids = raw if cut is None else raw[:cut]
         return GenerationResult(text=self.tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                                 finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
-                                seconds=seconds)
+                                seconds=seconds, commit_forwards=commit_forwards)
 
 
 ASSETS = Path(__file__).parent / "assets"

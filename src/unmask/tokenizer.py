@@ -20,7 +20,7 @@ from unmask.models.loader import read_json
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "[MASK]", "<mask>")
+_MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "|<MASK>|", "<|MASK|>", "[MASK]", "<mask>")
 _END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>")
 
 

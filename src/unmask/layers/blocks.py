@@ -25,11 +25,17 @@ def self_attention(
     layer: int,
     kv_start: int,
     mask: torch.Tensor | None,
+    q_norm: nn.Module | None = None,
+    k_norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """x (B, q, d) -> (B, q, d). Keys are rotated before they reach the KV buffer."""
+    """x (B, q, d) -> (B, q, d). Keys are rotated before they reach the KV buffer. `q_norm` and
+    `k_norm` (Qwen3 / SDAR) normalise each head's queries and keys before the rotation."""
     b, n, _ = x.shape
-    q = q_proj(x).view(b, n, n_heads, -1).transpose(1, 2)
-    k = k_proj(x).view(b, n, n_kv_heads, -1).transpose(1, 2)
+    q = q_proj(x).view(b, n, n_heads, -1)
+    k = k_proj(x).view(b, n, n_kv_heads, -1)
+    if q_norm is not None:
+        q, k = q_norm(q), k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = v_proj(x).view(b, n, n_kv_heads, -1).transpose(1, 2)
     cos, sin = rope
     q = apply_rotary(q, cos, sin)

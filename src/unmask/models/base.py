@@ -35,6 +35,10 @@ class ArchConfig:
     # the query at position p attends to the key at position k iff k // B <= p // B (blocks of B
     # positions from position 0, bidirectional inside a block, never a later block)
     block_size: int = 0
+    # per-head size when it is not hidden_size / num_heads (Qwen3, SDAR: config head_dim); 0 = derived
+    head_size: int = 0
+    # RMSNorm of each head's queries and keys before RoPE (Qwen3, SDAR: q_norm / k_norm)
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         """A config that cannot describe a working model is refused by name."""
@@ -52,7 +56,9 @@ class ArchConfig:
             raise CheckpointError(f"config.json: bd_size {self.block_size!r} must be a positive integer")
         if self.block_size and self.causal:
             raise CheckpointError("config.json: a model is either causal or a block-diffusion model (bd_size), not both")
-        if self.hidden_size % self.num_heads:
+        if not isinstance(self.head_size, int) or isinstance(self.head_size, bool) or self.head_size < 0:
+            raise CheckpointError(f"config.json: head_dim {self.head_size!r} must be a positive integer")
+        if not self.head_size and self.hidden_size % self.num_heads:
             raise CheckpointError(f"config.json: hidden size {self.hidden_size} is not a multiple of the "
                                   f"{self.num_heads} attention heads")
         if self.num_heads % self.num_kv_heads:
@@ -63,13 +69,13 @@ class ArchConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_size or self.hidden_size // self.num_heads
 
     def num_parameters(self, embeddings: bool = True) -> int:
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
         per_layer = attn + 3 * d * f + 2 * d
-        total = self.num_layers * per_layer + d
+        total = self.num_layers * (per_layer + (2 * hd if self.qk_norm else 0)) + d
         if embeddings:
             total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return total

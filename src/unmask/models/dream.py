@@ -1,6 +1,8 @@
 """Dream (Qwen2 layout, run bidirectionally). Parameter names equal the released checkpoint keys:
 model.{embed_tokens, layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-mlp.{gate,up,down}_proj}, norm}, lm_head. q/k/v carry biases.
+mlp.{gate,up,down}_proj}, norm}, lm_head. q/k/v carry biases. The same decoder runs the Qwen-layout
+block-diffusion families (unmask.models.blockdiff), with Qwen3's self_attn.{q,k}_norm where the
+config says so.
 
 Dream was initialised from an autoregressive model: the hidden state at position j predicts the
 token at j + 1 (ArchConfig.logit_shift = 1). The engine, not the model, aligns logits to tokens.
@@ -43,10 +45,13 @@ class _Attention(nn.Module):
     def __init__(self, c: ArchConfig) -> None:
         super().__init__()
         d, hd = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=True)
-        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=True)
-        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=True)
+        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * hd, d, bias=False)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(hd, c.norm_eps)
+            self.k_norm = RMSNorm(hd, c.norm_eps)
 
 
 class _MLP(nn.Module):
@@ -69,7 +74,8 @@ class DreamLayer(nn.Module):
     def forward(self, x, rope, kv, layer, kv_start, key_mask):
         a = self.self_attn
         h = self.input_layernorm(x)
-        x = x + self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, *self.heads, rope, kv, layer, kv_start, key_mask)
+        x = x + self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, *self.heads, rope, kv, layer, kv_start,
+                               key_mask, getattr(a, "q_norm", None), getattr(a, "k_norm", None))
         m = self.mlp
         return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
 

@@ -6,6 +6,7 @@ from typing import Callable
 
 from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, DiffusionLM
+from unmask.models.blockdiff import fast_dllm_v2_arch, sdar_arch
 from unmask.models.dream import DreamModel, dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
 
@@ -22,6 +23,9 @@ class Family:
 FAMILIES = (
     Family("llada", ("llada",), ("LLaDAModelLM",), llada_arch, LLaDAModel),
     Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel),
+    # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
+    Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel),
+    Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel),
 )
 
 

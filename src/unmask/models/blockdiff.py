@@ -1,0 +1,72 @@
+"""Block-diffusion checkpoints in the Qwen layouts (no remote code): Fast-dLLM v2 and SDAR.
+
+Both run the Qwen decoder (unmask.models.dream.DreamModel: the same parameter names) with
+block-causal attention over blocks of `bd_size` positions (ArchConfig.block_size).
+
+- Fast-dLLM v2 (`Efficient-Large-Model/Fast_dLLM_v2_7B`, model_type "Fast_dLLM_Qwen"): Qwen2.5
+  weights (q/k/v biases), `bd_size` in config.json (32), token shift (hidden j scores token j + 1,
+  so a block's first token is proposed by the last position of the block before), mask token
+  `|<MASK>|` (151665), stop `<|im_end|>` (151645).
+- SDAR (JetAstra, model_type "sdar"): Qwen3 weights (per-head q_norm / k_norm before RoPE, explicit
+  head_dim, no q/k/v biases unless attention_bias), no token shift (each position scores its own
+  token), mask `<|MASK|>` (151669). Its config has no block field: the block is a decoding
+  argument of its generate script, released default 4, used here unless config.json sets bd_size.
+"""
+
+from unmask.errors import CheckpointError
+from unmask.models.base import ArchConfig, cfg_float, cfg_int
+
+SDAR_BLOCK = 4
+
+
+def _flag(cfg: dict, key: str, default: bool) -> bool:
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
+    return v
+
+
+def _refuse(cfg: dict, family: str) -> None:
+    if cfg.get("rope_scaling"):
+        raise CheckpointError(f"config.json: unsupported {family} option rope_scaling={cfg['rope_scaling']!r}")
+    if _flag(cfg, "use_sliding_window", False):
+        raise CheckpointError(f"config.json: unsupported {family} option use_sliding_window=true")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"config.json: unsupported {family} option hidden_act={act!r} (supported: 'silu')")
+
+
+def _qwen(cfg: dict, family: str, **extra) -> ArchConfig:
+    _refuse(cfg, family)
+    heads = cfg_int(cfg, "num_attention_heads", family=family)
+    return ArchConfig(
+        family=family,
+        vocab_size=cfg_int(cfg, "vocab_size", family=family),
+        hidden_size=cfg_int(cfg, "hidden_size", family=family),
+        num_layers=cfg_int(cfg, "num_hidden_layers", family=family),
+        num_heads=heads,
+        num_kv_heads=cfg_int(cfg, "num_key_value_heads", heads),
+        intermediate_size=cfg_int(cfg, "intermediate_size", family=family),
+        rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
+        norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-6),
+        max_positions=cfg_int(cfg, "max_position_embeddings", 32768),
+        tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        **extra,
+    )
+
+
+def fast_dllm_v2_arch(cfg: dict) -> ArchConfig:
+    block = cfg_int(cfg, "bd_size", family="Fast-dLLM v2")
+    if block < 1:
+        raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
+    return _qwen(cfg, "fast_dllm_v2", qkv_bias=True, logit_shift=1, block_size=block)
+
+
+def sdar_arch(cfg: dict) -> ArchConfig:
+    block = cfg_int(cfg, "bd_size", SDAR_BLOCK)
+    if block < 1:
+        raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
+    return _qwen(cfg, "sdar", qkv_bias=_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
+                 head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)
