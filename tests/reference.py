@@ -359,3 +359,178 @@ def dream_generate(model, prompt, max_new_tokens, steps, alg="origin", eps=1e-3,
                 rows = torch.arange(x.size(0)).unsqueeze(1).expand_as(transfer_index)
                 x[rows, transfer_index] = x_[rows, transfer_index]
     return x
+
+
+# ---------------------------------------------------------------- Fast-dLLM v2 port
+
+class QwenBlockRef:
+    """A Qwen2-layout forward with Fast-dLLM v2's cache semantics, written from the architecture
+    description: keys cached *after* RoPE in a DynamicCache-like list that grows only when
+    `update_past_key_values` is set; a block-level cache whose entries at `replace_position`
+    are overwritten by the forwarded sub-block. Attention: a key at position k is visible to a
+    query at position q iff k // bd_size <= q // bd_size."""
+
+    def __init__(self, folder):
+        folder = Path(folder)
+        self.cfg = c = json.loads((folder / "config.json").read_text())
+        self.w = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            self.w.update(load_file(str(f)))
+        self.L, self.H, self.Hkv = c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
+        self.d, self.eps, self.theta, self.bd = c["hidden_size"], c["rms_norm_eps"], c["rope_theta"], c["bd_size"]
+        self.hd = self.d // self.H
+
+    def _lin(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
+    def _norm(self, x, name):
+        xf = x.float()
+        return self.w[name + ".weight"] * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _rope(self, t, positions):
+        inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float) / self.hd))
+        emb = torch.cat([positions.float()[:, None] * inv] * 2, dim=-1)
+        x1, x2 = t[..., : self.hd // 2], t[..., self.hd // 2 :]
+        return t * emb.cos() + torch.cat((-x2, x1), dim=-1) * emb.sin()
+
+    def forward(self, x, start, past=None, update_past_key_values=False, block_past=None, replace_position=None):
+        """x (B, T) at positions start..start+T-1. past: list of (K, V) of positions [0, start) (or
+        of [0, block start) when block_past is given: then block_past holds the current block's
+        K/V, and the forwarded columns overwrite it from `replace_position`). Returns logits
+        (B, T, V), the new past (grown only with update_past_key_values), and the block's K/V."""
+        B, T = x.shape
+        h = self.w["model.embed_tokens.weight"][x]
+        qpos = torch.arange(start, start + T)
+        new_past, new_block = [], []
+        for i in range(self.L):
+            p = f"model.layers.{i}."
+            a = self._norm(h, p + "input_layernorm")
+            q = self._lin(a, p + "self_attn.q_proj").view(B, T, self.H, self.hd).transpose(1, 2)
+            k = self._lin(a, p + "self_attn.k_proj").view(B, T, self.Hkv, self.hd).transpose(1, 2)
+            v = self._lin(a, p + "self_attn.v_proj").view(B, T, self.Hkv, self.hd).transpose(1, 2)
+            q, k = self._rope(q, qpos), self._rope(k, qpos)
+            if block_past is not None:
+                bk, bv = block_past[i][0].clone(), block_past[i][1].clone()
+                bk[:, :, replace_position : replace_position + T] = k
+                bv[:, :, replace_position : replace_position + T] = v
+                pk, pv = past[i] if past is not None else (k[:, :, :0], v[:, :, :0])
+                keys, vals = torch.cat([pk, bk], 2), torch.cat([pv, bv], 2)
+                kpos = torch.arange(keys.shape[2])
+                new_block.append((bk, bv))
+            else:
+                pk, pv = past[i] if past is not None else (k[:, :, :0], v[:, :, :0])
+                keys, vals = torch.cat([pk, k], 2), torch.cat([pv, v], 2)
+                kpos = torch.cat([torch.arange(pk.shape[2]), qpos])
+                new_block.append((k, v))
+            new_past.append((keys, vals) if update_past_key_values else (pk, pv))
+            allowed = (kpos[None, :] // self.bd) <= (qpos[:, None] // self.bd)
+            rep = self.H // self.Hkv
+            att = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 1), vals.repeat_interleave(rep, 1),
+                                                 attn_mask=allowed)
+            h = h + self._lin(att.transpose(1, 2).reshape(B, T, self.H * self.hd), p + "self_attn.o_proj")
+            f = self._norm(h, p + "post_attention_layernorm")
+            h = h + self._lin(F.silu(self._lin(f, p + "mlp.gate_proj")) * self._lin(f, p + "mlp.up_proj"),
+                              p + "mlp.down_proj")
+        logits = self._norm(h, "model.norm") @ self.w["lm_head.weight"].T
+        return logits, new_past, new_block
+
+
+def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tokens, small_block_size, mask_id,
+                              threshold, stop_token, pad_token_id, use_block_cache=False):
+    """Port of Fast-dLLM v2 `batch_sample` at temperature 0, from reference-semantics.md §7 / §7.1.
+    input_ids (B, max_len) right-padded with mask_id; seq_len: true lengths. Returns the output
+    rows (lists, each to its own end) and the number of forward calls each row took part in."""
+    bs = block_size
+    B = input_ids.shape[0]
+    min_len = int(seq_len.min())
+    num_blocks = max_new_tokens // bs + input_ids.shape[1] // bs
+    x = input_ids.clone()
+    alive = list(range(B))
+    outputs, nfe = {}, [0] * B
+    past = None
+    prefill_len = (min_len // bs) * bs if min_len > bs else 0  # only prompts longer than a block are prefilled
+    seq_block = [int(n) // bs for n in seq_len]
+    if prefill_len > 0:
+        logits, past, _ = model.forward(x[:, :prefill_len], 0, None, update_past_key_values=True)
+        for r in alive:
+            nfe[r] += 1
+        if min_len % bs == 0:
+            nxt = logits[:, -1].argmax(-1)
+            for j in range(B):
+                if int(seq_len[j]) == min_len:
+                    if x.shape[1] == min_len:
+                        x = torch.cat([x, torch.full((B, 1), mask_id)], 1)
+                    x[j, min_len] = nxt[j]
+    finished = [False] * B
+    for blk in range(prefill_len // bs, num_blocks):
+        start = blk * bs
+        if x.shape[1] < start + bs:
+            x = torch.cat([x, torch.full((x.shape[0], start + bs - x.shape[1]), mask_id)], 1)
+        block_past = None
+        for sb in range(bs // small_block_size):
+            s, e = sb * small_block_size, (sb + 1) * small_block_size
+            while (x[:, start + s : start + e] == mask_id).any():
+                if use_block_cache and block_past is not None and not (x[:, start + s] == mask_id).any():
+                    logits, _, block_past = model.forward(x[:, start + s : start + e], start + s, past,
+                                                          block_past=block_past, replace_position=s)
+                    logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+                else:
+                    logits, _, blk_kv = model.forward(x[:, start : start + bs], start, past)
+                    if use_block_cache:
+                        block_past = blk_kv
+                    logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)[:, s:e]
+                for r in alive:
+                    nfe[r] += 1
+                probs = torch.softmax(logits, -1)
+                p, x0 = probs.max(-1)
+                for j in range(x.shape[0]):
+                    cur = x[j, start + s : start + e]
+                    m = cur == mask_id
+                    if not m.any():
+                        continue
+                    conf = torch.where(m, p[j], torch.tensor(-float("inf")))
+                    take = conf > threshold
+                    take[int(conf.argmax())] = True
+                    take &= m
+                    cur[take] = x0[j][take]
+                    if (x0[j][take] == stop_token).any():
+                        finished[alive[j]] = True
+        for j in range(x.shape[0]):
+            r = alive[j]
+            if finished[r]:
+                after = (x[j, int(seq_len[j]) :] == stop_token).nonzero()
+                if len(after):
+                    first = int(seq_len[j]) + int(after[0])
+                    x[j, first + 1 :] = pad_token_id
+        if all(finished[r] for r in alive):
+            for j, r in enumerate(alive):
+                outputs[r] = x[j, : start + bs].tolist()
+            alive = []
+            break
+        logits, past, _ = model.forward(x[:, start : start + bs], start, past, update_past_key_values=True)
+        for r in alive:
+            nfe[r] += 1
+        nxt = logits[:, -1].argmax(-1)
+        if x.shape[1] == start + bs:
+            x = torch.cat([x, torch.full((x.shape[0], 1), mask_id)], 1)
+        for j, r in enumerate(alive):
+            if finished[r]:
+                x[j, start + bs] = pad_token_id
+            elif seq_block[r] == blk:  # a row whose prompt runs past the block keeps its token
+                x[j, start + bs] = nxt[j]
+        for r in alive:
+            if seq_block[r] == blk:
+                seq_block[r] = blk + 1
+        keep = [j for j, r in enumerate(alive) if not finished[r]]
+        for j, r in enumerate(alive):
+            if finished[r]:
+                outputs[r] = x[j, : start + bs + 1].tolist()
+        if len(keep) < len(alive):
+            x, seq_len = x[keep], seq_len[keep]
+            past = [(k[keep], v[keep]) for k, v in past]
+            alive = [alive[j] for j in keep]
+    for j, r in enumerate(alive):
+        outputs[r] = x[j, : num_blocks * bs + 1].tolist()
+    return [outputs[r] for r in range(B)], nfe

@@ -202,3 +202,119 @@ def test_training_mask_clean_half_is_the_models_own_block_forward(tmp_path):
             assert (blk[r, noisy_keys] == blk[r, q]).all()
             assert (blk[r, clean_keys] < blk[r, q]).all()
             assert not m4[r, n + q, :n].any()
+
+
+@pytest.mark.parametrize("policy", POLICIES[:3], ids=lambda p: "-".join(f"{k}{v}" for k, v in p.items()))
+def test_sub_blocks_decode_left_to_right_with_the_tokens_of_no_cache(block_llm, policy):
+    B = block_llm.arch.block_size
+    sub = B // 2
+    p = dict(gen_length=2 * B, block_length=sub, **policy)
+    none = block_llm.generate(PROMPTS, GenerationParams(cache="none", **p))
+    exact = block_llm.generate(PROMPTS, GenerationParams(cache="exact", **p))
+    assert [r.token_ids for r in exact.results] == [r.token_ids for r in none.results]
+    # a sub-block is filled before the next one opens: every commit lies in the open sub-block
+    eng = block_llm.engine()
+    req = eng.add_request(PROMPTS[1], GenerationParams(cache="exact", early_stop=False, **p), watch=True)
+    P, last = len(PROMPTS[1]), None
+    while eng.has_unfinished():
+        for out in eng.step():
+            canvas = out.canvas
+            if last is not None:
+                changed = [j for j, (a, b) in enumerate(zip(last, canvas)) if a != b]
+                subs = {(P + j) // sub for j in changed}
+                assert len(subs) == 1
+                first_open = next(j for j, t in enumerate(last) if t == block_llm.token_ids.mask)
+                assert subs == {(P + first_open) // sub}
+            last = canvas
+    assert req.done and last is not None
+
+
+def test_exact_dual_caches_the_open_block_between_sub_blocks(block_llm):
+    B, shift = block_llm.arch.block_size, block_llm.arch.logit_shift
+    whole = dict(gen_length=2 * B, block_length=B, steps=2 * B)
+    exact = block_llm.generate(PROMPTS, GenerationParams(cache="exact", **whole))
+    dual = block_llm.generate(PROMPTS, GenerationParams(cache="exact-dual", **whole))
+    assert [r.token_ids for r in dual.results] == [r.token_ids for r in exact.results]  # no sub-blocks: the same
+    sub = B // 2
+    out = block_llm.generate([[5] * 9], GenerationParams(cache="exact-dual", gen_length=2 * B, block_length=sub,
+                                                         steps=2 * B, early_stop=False))
+    windows = [s.positions for s in out.steps if s.kind == "window"]
+    assert windows and max(windows) <= B  # whole-block steps at each sub-block's start ...
+    assert min(windows) <= sub + shift  # ... and sub-block steps between them
+    assert len(out.results[0].token_ids) + (out.results[0].finish_reason == "stop") <= 2 * B
+
+
+def test_block_length_must_divide_the_models_block(block_llm):
+    B = block_llm.arch.block_size
+    with pytest.raises(UnmaskError, match=f"block_length 3.*blocks of {B}.*divisor"):
+        block_llm.generate([[3, 4]], GenerationParams(gen_length=6, block_length=3))
+
+
+# --------------------------------------------------------------- compat fast-dllm-v2
+
+@pytest.fixture(scope="module")
+def v2_dir(tmp_path_factory):
+    """A Fast-dLLM v2 checkpoint whose stop token is often the argmax, so that rows finish at
+    different blocks (seed and weights chosen for that)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = write_fast_dllm_v2(tmp_path_factory.mktemp("v2stop"), bd_size=8, seed=2)
+    stop = LLM(folder).token_ids.eos
+    for shard in folder.glob("*.safetensors"):
+        t = load_file(str(shard))
+        if "lm_head.weight" in t:
+            t["lm_head.weight"][stop] += t["lm_head.weight"][15]
+            save_file(t, str(shard), metadata={"format": "pt"})
+    return folder
+
+
+V2_PROMPTS = {
+    # shortest prompt below one block (no prefill); rows whose prompts run past the first blocks
+    "short": [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12, 13, 14, 15], list(range(1, 19)), [20, 21, 22, 23, 24],
+              list(range(30, 42))],
+    # shortest prompt two blocks long: prefill, and its last logit proposes those rows' next token
+    "aligned": [list(range(10, 26)), list(range(1, 22)), list(range(5, 21))],
+    "unaligned": [list(range(10, 29)), list(range(1, 12))],
+}
+
+
+@pytest.mark.parametrize("prompts", list(V2_PROMPTS))
+@pytest.mark.parametrize("sub,cache,threshold", [(8, "exact", 0.9), (8, "exact", 1.0), (4, "exact", 0.5),
+                                                  (4, "exact-dual", 0.9), (4, "exact-dual", 1.0), (2, "exact-dual", 0.7)])
+def test_compat_fast_dllm_v2_is_token_exact_against_the_reference_port(v2_dir, prompts, sub, cache, threshold):
+    from reference import QwenBlockRef, fast_dllm_v2_batch_sample
+
+    llm = LLM(v2_dir)
+    ids, batch = llm.token_ids, V2_PROMPTS[prompts]
+    out = llm.generate(batch, GenerationParams(compat="fast-dllm-v2", gen_length=24, block_length=sub,
+                                               threshold=threshold, cache=cache))
+    inp = torch.full((len(batch), max(map(len, batch))), ids.mask)
+    for r, p in enumerate(batch):
+        inp[r, : len(p)] = torch.tensor(p)
+    with torch.no_grad():
+        rows, nfe = fast_dllm_v2_batch_sample(QwenBlockRef(v2_dir), inp, torch.tensor([len(p) for p in batch]), 8, 24,
+                                              sub, ids.mask, threshold, ids.eos, ids.pad, cache == "exact-dual")
+    assert [r.raw_ids for r in out.results] == [row[len(p):] for row, p in zip(rows, batch)]
+    assert [r.nfe for r in out.results] == nfe
+    if cache == "exact-dual" and sub < 8:
+        assert any(s.positions == sub for s in out.steps)  # sub-block forwards against the block cache
+
+
+def test_compat_fast_dllm_v2_rows_finish_at_different_blocks(v2_dir):
+    out = LLM(v2_dir).generate(V2_PROMPTS["short"], GenerationParams(compat="fast-dllm-v2", gen_length=24,
+                                                                     block_length=4, threshold=1.0))
+    assert len({r.nfe for r in out.results}) > 2  # the stop handling above was exercised
+    assert {"stop"} <= {r.finish_reason for r in out.results}
+
+
+def test_compat_fast_dllm_v2_refuses_what_it_does_not_reproduce(v2_dir, llada):
+    llm = LLM(v2_dir)
+    for p, msg in ((dict(temperature=0.5), "temperature"), (dict(steps=24), "steps"),
+                   (dict(cache="dual"), "cache 'dual'"), (dict(gen_length=4, block_length=4), "at least the block")):
+        with pytest.raises(UnmaskError, match=msg):
+            llm.generate([[3, 4, 5]], GenerationParams(compat="fast-dllm-v2", **{"gen_length": 16, "block_length": 4, **p}))
+    with pytest.raises(UnmaskError, match="exactly one block"):
+        llm.generate([list(range(8)), list(range(12))], GenerationParams(compat="fast-dllm-v2", gen_length=16,
+                                                                         block_length=4))
+    with pytest.raises(UnmaskError, match="fast_dllm_v2|Fast-dLLM v2"):
+        llada.generate([[3, 4]], GenerationParams(compat="fast-dllm-v2", gen_length=32, block_length=4))

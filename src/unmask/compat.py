@@ -7,8 +7,9 @@ A mode maps its name to
   Dream model),
 - its decoding parts (`parts`: proposal configuration, commit policy, schedule),
 - the loop rules by which it deviates from native decoding (`LoopRules`).
-The native path uses none of this. A new mode (e.g. Fast-dLLM v2) is one class here plus
-`@register`. Semantics of each reference: shared/docs/reference-semantics.md.
+The native path uses none of this. A new mode is one class here plus `@register`. Semantics of
+each reference: shared/docs/reference-semantics.md. Fast-dLLM v2 (`block_loop`) runs its own
+reference loop (unmask.engine.blockloop) instead of the lockstep loop and its parts.
 """
 
 from dataclasses import dataclass, replace
@@ -55,6 +56,7 @@ class CompatMode:
     caches: ClassVar[tuple[str, ...]]
     top_k_top_p: ClassVar[bool] = False
     equal_length_prompts: ClassVar[bool] = True  # the reference attends to padding
+    block_loop: ClassVar[bool] = False  # runs unmask.engine.blockloop (Fast-dLLM v2), not the lockstep loop
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -82,6 +84,32 @@ class CompatMode:
 
     def parts(self, p: Any, mask_id: int) -> tuple[ProposalConfig, CommitPolicy, Schedule]:
         raise NotImplementedError
+
+
+@register
+class FastDLLMv2(CompatMode):
+    """Fast-dLLM v2's `batch_sample` (v2/generation_functions.py) on a Fast-dLLM v2 checkpoint:
+    the block is the model's bd_size, `block_length` is small_block_size (a divisor of it), cache
+    "exact" is use_block_cache=False and "exact-dual" use_block_cache=True, greedy only (its T=0
+    path). Selection: per row, every open position of the sub-block with p strictly above the
+    threshold, and the row's argmax (torch's argmax: the first of equal maxima)."""
+
+    name = "fast-dllm-v2"
+    reference = "Fast-dLLM v2's batch_sample"
+    family = "fast_dllm_v2"
+    policies = ("threshold",)
+    caches = ("exact", "exact-dual")
+    equal_length_prompts = False  # prompts are right-padded with MASK, which is generated
+    block_loop = True
+
+    def resolve(self, p):
+        """Its only rule is the threshold, and it always keeps a KV cache."""
+        return replace(p, policy="threshold", cache="exact" if p.cache == "none" else p.cache)
+
+    def check(self, p):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
+        self._need(p, p.steps is None, f"steps {p.steps}")
+        super().check(p)
 
 
 def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

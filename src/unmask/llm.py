@@ -10,6 +10,7 @@ import torch
 
 from unmask.compat import get_mode
 from unmask.engine.ar import decode_ar
+from unmask.engine.blockloop import BlockDecoded, decode_fast_dllm_v2
 from unmask.engine.engine import Engine, EngineConfig, ForwardRecord
 from unmask.engine.loop import StepRecord, decode
 from unmask.errors import CheckpointError, UnmaskError
@@ -163,12 +164,15 @@ class LLM:
         # (which serves it online with the same tokens; tests/test_request_engine.py checks that)
         if self.arch.causal:
             decoded = decode_ar(self.model, self.token_ids, ids, params.gen_length, params.temperature, params.seed)
+        elif get_mode(params.compat).block_loop:  # Fast-dLLM v2's own loop
+            decoded = decode_fast_dllm_v2(self.model, self.token_ids, ids, params)
         else:  # a compat mode: the reference's lockstep loop, as its own batch
             decoded = decode(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
         ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
+        raws = decoded.rows if isinstance(decoded, BlockDecoded) else decoded.generated.tolist()
         results = [self.result_of(raw, decoded.row_nfe[r], decoded.row_commits[r], ends[decoded.row_nfe[r] - 1]
-                                if decoded.row_nfe[r] else 0.0) for r, raw in enumerate(decoded.generated.tolist())]
+                                  if decoded.row_nfe[r] else 0.0) for r, raw in enumerate(raws)]
         return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
     def engine(self, config: EngineConfig | None = None) -> Engine:

@@ -10,6 +10,9 @@ the next forward recomputes and whether it refreshes the cache. One small class 
           its K/V are final once computed with its final tokens. One prefill (prompt and first
           block), then each step the open block only; the step after a block completes also
           recomputes that block (the commit forward, fused with the next block's first step).
+- exact-dual: exact for finished blocks, and inside the open block DualCache over its sub-blocks
+          (block_length below bd_size; Fast-dLLM v2's use_block_cache): a sub-block's first step
+          computes the whole block, later steps only the sub-block against the block's stale K/V.
 The refresh interval counts steps inside a block and is independent of the block length.
 Models whose logits are shifted (Dream) need the hidden state of column s - 1 to score column
 s, so their windows start `shift` columns earlier.
@@ -111,6 +114,7 @@ class ExactCache:
     stores_kv: ClassVar[bool] = True
     refreshes: ClassVar[bool] = False
     exact: ClassVar[bool] = True
+    sub_block_cache: ClassVar[bool] = False  # also cache the open block between its sub-blocks
 
     @classmethod
     def from_params(cls, p: Any) -> "ExactCache":
@@ -118,3 +122,13 @@ class ExactCache:
 
     def window_end(self, e: int, length: int) -> int:
         return e
+
+
+@register
+@dataclass(frozen=True)
+class ExactDualCache(ExactCache):
+    """Exact K/V of finished blocks; inside the open block, the K/V of the sub-blocks not being
+    decoded are reused from the sub-block's first step (approximate, as DualCache is)."""
+
+    name: ClassVar[str] = "exact-dual"
+    sub_block_cache: ClassVar[bool] = True

@@ -166,9 +166,10 @@ class _Rows:
         self.cap = cap
 
     def add(self, req: Request, mask_id: int, cfg_id: int, smax: int, align: int) -> None:
-        """`align`: a block-diffusion model's block size (blocks are positions [kB, (k+1)B), the
-        first open block holds the end of the prompt), or 0: blocks of block_length from the
-        answer's first column."""
+        """`align`: a block-diffusion model's block size (its attention blocks are positions
+        [kB, (k+1)B); decoding windows of block_length, which divides B, are sub-blocks on the same
+        grid, and the first one holds the end of the prompt), or 0: blocks of block_length from
+        the answer's first column."""
         b = lambda v: torch.tensor([v], dtype=torch.bool, device=self.device)  # noqa: E731
         self.cached = torch.cat([self.cached, b(req.parts.cache.stores_kv)])
         self.exact = torch.cat([self.exact, b(getattr(req.parts.cache, "exact", False))])
@@ -190,7 +191,7 @@ class _Rows:
         self.spb = torch.cat([self.spb, t(p.steps_per_block)])
         # aligned blocks can be partial: the fixed schedule keeps its tokens per step instead
         self.tps = torch.cat([self.tps, t(max(1, p.block_length // p.steps_per_block) if align else 0)])
-        e = min((P // align + 1) * align, L) if align else P + p.block_length
+        e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
         self.s, self.e = torch.cat([self.s, t(P)]), torch.cat([self.e, t(e)])
         self.kvx = torch.cat([self.kvx, t(P // align * align if align else 0)])
         self.block, self.step, self.cfg = torch.cat([self.block, t(0)]), torch.cat([self.step, t(0)]), torch.cat([self.cfg, t(cfg_id)])
@@ -319,9 +320,10 @@ class Engine:
                 raise UnmaskError(f"cache {p.cache!r} is exact only for block-diffusion models (config bd_size); "
                                   "this model attends over the whole canvas: use none, prefix or dual")
             return
-        if p.block_length != self.align:
-            raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model decodes its own blocks of "
-                              f"{self.align} positions (config bd_size); use block_length {self.align}")
+        if self.align % p.block_length:
+            raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model attends in blocks of "
+                              f"{self.align} positions (config bd_size); use block_length {self.align}, or a divisor "
+                              "of it to decode each block in left-to-right sub-blocks")
         if CACHES.lookup(p.cache).stores_kv and not exact:
             raise UnmaskError(f"cache {p.cache!r} approximates a full-attention model's K/V; this block-diffusion "
                               "model's finished blocks are cached exactly: use cache exact (or none)")
@@ -440,8 +442,11 @@ class Engine:
                 continue
             if getattr(cache, "exact", False):  # a block model: one prefill, then the open block
                 refresh = torch.where(rows, (r.step == 0) & (r.block == 0), refresh)
-                start = torch.where(rows, torch.minimum(r.kvx, s - shift), start)
-                end = torch.where(rows, r.e, end)
+                whole = torch.ones_like(refresh) if not cache.sub_block_cache else r.step == 0
+                attn_end = torch.minimum((s // self.align + 1) * self.align, r.L)
+                sub_start = torch.minimum(s // r.blk * r.blk, s - shift)  # with the prompt's end, in the first
+                start = torch.where(rows, torch.where(whole, torch.minimum(r.kvx, s - shift), sub_start), start)
+                end = torch.where(rows, torch.where(whole, attn_end, r.e), end)
                 continue
             ri = cache.refresh_interval
             fresh = r.step == 0

@@ -95,8 +95,13 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     if arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
         raise CheckpointError(f"{folder}: config.json says {arch.num_layers} layers, but the checkpoint holds only "
                               f"{len(files)} tensors")
-    with torch.device("meta"):
-        model = family.cls(arch)
+    try:
+        with torch.device("meta"):
+            model = family.cls(arch)
+    except (RuntimeError, OverflowError, ValueError) as e:  # sizes no tensor can have
+        raise CheckpointError(f"{folder}: config.json describes tensors that cannot be built (hidden size "
+                              f"{arch.hidden_size}, {arch.num_heads} heads, intermediate size {arch.intermediate_size}, "
+                              f"vocabulary {arch.vocab_size}): {e}") from None
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected))
