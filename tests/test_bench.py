@@ -19,6 +19,23 @@ def tiny_models(tmp_path_factory):
     return root / "d" / "model", root / "a" / "model"
 
 
+def test_bench_measures_a_block_model_beside_the_others(tmp_path, tiny_models):
+    d, a = tiny_models
+    train(TrainConfig(kind="block", block_length=8, steps=2, **TINY), tmp_path / "b", progress=False)
+    code = main(["bench", "--model", str(d), "--ar-model", str(a), "--block-model", str(tmp_path / "b" / "model"),
+                 "--policies", "fixed:1,threshold:0.9", "--caches", "none", "--blocks", "24", "--batches", "1",
+                 "--n", "3", "--tasks", "copy", "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 0
+    run = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    rows = run["results"]
+    block = [r for r in rows if r["config"]["model"] == "block"]
+    assert [r["label"] for r in block] == ["BD fixed=1 exact blk8 b1", "BD threshold=0.9 exact blk8 b1"]
+    assert all("vs_baseline" in r and r["n"] == 3 for r in block)  # paired against the same examples
+    assert {"block baseline", "block best"} <= {h["role"] for h in run["headline"]}
+    assert run["block_model"].endswith("model")
+    assert main(["bench", "--block-model", str(d), "--n", "1", "--out", str(tmp_path / "x")]) == 2
+
+
 def test_quick_bench_writes_json_and_png(tmp_path, tiny_models, capsys):
     d, a = tiny_models
     code = main(["bench", "--quick", "--model", str(d), "--ar-model", str(a), "--n", "4", "--tasks", "copy,pairs",

@@ -113,7 +113,7 @@ def test_ar_kv_decoding_equals_recomputing_everything(ar_run):
     assert out.nfe <= 8 and out.steps[0].positions == 5 and all(s.positions == 1 for s in out.steps[1:])
 
 
-@pytest.mark.parametrize("kind,shift", [("ar", 0), ("diffusion", 0), ("diffusion", 1)])
+@pytest.mark.parametrize("kind,shift", [("ar", 0), ("diffusion", 0), ("diffusion", 1), ("block", 1)])
 def test_length_groups_give_the_whole_batch_gradient(kind, shift):
     """A batch split into prompt-length groups accumulates exactly the whole batch's gradient."""
     from unmask.models.llada import LLaDAModel

@@ -24,13 +24,17 @@ class BenchConfig:
     block_length: int
     gen_length: int
     batch: int
+    # which model decodes it: "diffusion" (--model), "block" (--block-model, a block-diffusion model)
+    # or, with policy "ar", the AR twin
+    model: str = "diffusion"
 
     @property
     def label(self) -> str:
         if self.policy == "ar":
             return f"AR twin b{self.batch}"
         r = f" r{self.refresh_interval}" if self.refresh_interval else ""
-        return f"{self.policy}={self.knob:g} {self.cache}{r} blk{self.block_length} b{self.batch}"
+        who = "BD " if self.model == "block" else ""
+        return f"{who}{self.policy}={self.knob:g} {self.cache}{r} blk{self.block_length} b{self.batch}"
 
     def params(self) -> GenerationParams:
         g = self.gen_length
@@ -84,7 +88,7 @@ def parse_ints(flag: str, text: str, minimum: int = 1) -> list[int]:
     return out
 
 
-def build_grid(policies, caches, refresh, blocks, gens, batches) -> list[BenchConfig]:
+def build_grid(policies, caches, refresh, blocks, gens, batches, model: str = "diffusion") -> list[BenchConfig]:
     """The cartesian product, minus combinations that do not exist (a refresh interval without a
     cache; a block that does not tile the canvas). The first configuration of each batch size is
     the baseline that the others are compared with. Every setting is checked before anything runs."""
@@ -92,7 +96,7 @@ def build_grid(policies, caches, refresh, blocks, gens, batches) -> list[BenchCo
     for (policy, knob), cache, r, blk, g, b in itertools.product(policies, caches, refresh, blocks, gens, batches):
         if (not CACHES[cache].refreshes and r) or g % blk:
             continue
-        grid.append(BenchConfig(policy, knob, cache, r or None, blk, g, b))
+        grid.append(BenchConfig(policy, knob, cache, r or None, blk, g, b, model))
     if not grid:
         raise UnmaskError("the grid is empty: no block length tiles the generation length")
     for cfg in grid:

@@ -31,11 +31,14 @@ def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
     """The rows the README reports, per batch size: the baseline (the batch's first diffusion
     configuration), Fast-dLLM's best setting and unmask's best setting (the highest tokens/s among
     configurations whose accuracy is within `tolerance` of the baseline's; Fast-dLLM's among its
-    threshold/factor rules), and the AR twin."""
+    threshold/factor rules), and the AR twin. With a block-diffusion model (configurations of model
+    "block"): its first configuration ("block baseline", its own one token per step in the presets)
+    and its fastest within `tolerance` of that ("block best")."""
     out = []
     for batch in sorted({r["config"]["batch"] for r in run["results"]}):
         rows = [r for r in run["results"] if r["config"]["batch"] == batch]
-        diffusion = [r for r in rows if r["config"]["policy"] != "ar"]
+        diffusion = [r for r in rows if r["config"]["policy"] != "ar" and r["config"].get("model") != "block"]
+        blocks = [r for r in rows if r["config"].get("model") == "block"]
         if not diffusion:
             continue
         base = diffusion[0]
@@ -45,6 +48,10 @@ def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
         if fast:
             picks.append(("Fast-dLLM best", max(fast, key=lambda r: r["tokens_per_s"])))
         picks.append(("unmask best", max(close, key=lambda r: r["tokens_per_s"])))
+        if blocks:
+            b0 = blocks[0]
+            near = [r for r in blocks if r["accuracy"] >= b0["accuracy"] - tolerance - 1e-12]
+            picks += [("block baseline", b0), ("block best", max(near, key=lambda r: r["tokens_per_s"]))]
         picks += [("AR twin", r) for r in rows if r["config"]["policy"] == "ar"]
         for role, r in picks:
             out.append({"batch": batch, "role": role, "label": r["label"], "accuracy": r["accuracy"],
@@ -86,13 +93,17 @@ def plot_pareto(run: dict, path: str) -> None:
         for j, batch in enumerate(sorted({r["config"]["batch"] for r in run["results"]})):
             colour = colours[j % len(colours)]
             rows = [r for r in run["results"] if r["config"]["batch"] == batch]
-            diff = [r for r in rows if r["config"]["policy"] != "ar"]
-            xs = [r[key] for r in diff]
-            ys = [100 * r["accuracy"] for r in diff]
-            ax.scatter(xs, ys, s=18, label=f"diffusion b{batch}", alpha=0.8, color=colour)
-            sign = 1 if better == "higher" else -1
-            front = pareto_front([(sign * x, y) for x, y in zip(xs, ys)])
-            ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6, color=colour)
+            for model, marker, name in (("diffusion", "o", "diffusion"), ("block", "s", "block diffusion")):
+                diff = [r for r in rows if r["config"]["policy"] != "ar" and r["config"].get("model", "diffusion") == model]
+                if not diff:
+                    continue
+                xs = [r[key] for r in diff]
+                ys = [100 * r["accuracy"] for r in diff]
+                ax.scatter(xs, ys, s=18, marker=marker, label=f"{name} b{batch}", alpha=0.8, color=colour)
+                sign = 1 if better == "higher" else -1
+                front = pareto_front([(sign * x, y) for x, y in zip(xs, ys)])
+                ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6, color=colour,
+                        ls="-" if model == "diffusion" else "--")
             for r in rows:
                 if r["config"]["policy"] == "ar":
                     ax.scatter([r[key]], [100 * r["accuracy"]], marker="*", s=140, edgecolor="k",

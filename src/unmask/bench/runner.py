@@ -116,23 +116,28 @@ def context(device=None) -> dict:
 
 
 def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: list[str], n: int,
-             progress=None, on_examples=None) -> dict:
+             progress=None, on_examples=None, block: LLM | None = None) -> dict:
     """Measure every configuration (and the AR twin at each batch size). `progress(i, total, run)`
     after each configuration, with the run so far (its last row just measured), `on_examples(k)`
-    after each decoded batch of k examples."""
+    after each decoded batch of k examples. Configurations of model "block" run on `block` (a
+    block-diffusion model), on the same examples."""
     device = next(diffusion.model.parameters()).device
     hw = for_device(device)
-    roof_d = _roofline(diffusion, hw)
-    roof_a = _roofline(ar, hw) if ar is not None else None
+    roofs = {"diffusion": (diffusion, _roofline(diffusion, hw))}
+    if ar is not None:
+        roofs["ar"] = (ar, _roofline(ar, hw))
+    if block is not None:
+        roofs["block"] = (block, _roofline(block, hw))
     rows, baselines = [], {}
     configs = with_ar_twin(grid) if ar is not None else list(grid)
     run = {"context": {**context(device), "device": str(device)}, "hardware_measured": hw.__dict__,
            "tasks": tasks, "n_per_task": n,
            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None,
+           "block_model": str(block.path) if block else None,
            "configurations": len(configs), "results": rows}
     for i, cfg in enumerate(configs):
-        llm, roof = (ar, roof_a) if cfg.policy == "ar" else (diffusion, roof_d)
+        llm, roof = roofs["ar" if cfg.policy == "ar" else cfg.model]
         m = measure(llm, cfg, tasks, n, roof, on_examples)
         baselines.setdefault(cfg.batch, m if cfg.policy != "ar" else None)
         base = baselines.get(cfg.batch) or next(iter(baselines.values()))

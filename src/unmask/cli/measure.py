@@ -6,6 +6,7 @@ import sys
 import time
 
 from unmask.cli.common import parse_tasks, positive, progress_bar
+from unmask.errors import UnmaskError
 from unmask.files import writable_folder, write_json_atomic
 from unmask.params import GenerationParams
 
@@ -47,6 +48,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
     ar = None if a.ar_model == "none" else LLM(a.ar_model, dtype=a.dtype, device=device)
     gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
+    block = None
+    if a.block_model is not None:  # a block-diffusion model on the same examples, with its exact cache
+        block = LLM(a.block_model, dtype=a.dtype, device=device)
+        if not block.arch.block_size:
+            raise UnmaskError(f"--block-model {a.block_model} is not a block-diffusion model (no bd_size)")
+        block_policies = parse_policies(a.block_policies) if a.block_policies else policies
+        block_caches = parse_caches(a.block_caches)
+        grid += build_grid(block_policies, block_caches, [0], [block.arch.block_size], gens, batches, "block")
+        grid.sort(key=lambda c: c.batch)
 
     def progress(i, total, run):
         write_json_atomic(path, {**run, "complete": False})  # an interrupted run keeps what it measured
@@ -58,7 +68,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     configs = with_ar_twin(grid) if ar is not None else grid
     bar = progress_bar(len(configs) * len(tasks) * n, "bench ")
     bar.enabled = bar.enabled and not a.quiet
-    run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update)
+    run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update, block=block)
     bar.close()
     run["headline"] = headline(run)
     write_json_atomic(path, {**run, "complete": True})
@@ -100,6 +110,10 @@ def add_parsers(sub) -> dict:
     b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
     b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
     b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
+    b.add_argument("--block-model", default=None,
+                   help="also measure a block-diffusion model (e.g. default-block) on the same examples")
+    b.add_argument("--block-policies", default=None, help="its policy:knob list (default: --policies)")
+    b.add_argument("--block-caches", default="exact", help="its cache policies (default: exact)")
     b.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     b.add_argument("--quick", action="store_true", help="a few-minute preset")
