@@ -99,7 +99,7 @@ def test_the_denoising_step_computes_only_the_open_block_whatever_the_prompt(blo
         out = block_llm.generate([prompt], _params(block_llm, gen_length=4 * B, steps=4 * B, cache="exact",
                                                    early_stop=False))
         kinds = [s.kind for s in out.steps]
-        assert kinds[0] == "full" and out.steps[0].positions == n + 4 * B
+        assert kinds[0] == "full" and out.steps[0].positions == (n // B + 1) * B  # the prompt and first block
         shift = block_llm.arch.logit_shift
         assert all(s.positions <= B + shift for s in out.steps if s.kind == "window")
         assert all(s.positions <= 2 * B for s in out.steps if s.kind == "commit")
@@ -318,3 +318,12 @@ def test_compat_fast_dllm_v2_refuses_what_it_does_not_reproduce(v2_dir, llada):
                                                                          block_length=4))
     with pytest.raises(UnmaskError, match="fast_dllm_v2|Fast-dLLM v2"):
         llada.generate([[3, 4]], GenerationParams(compat="fast-dllm-v2", gen_length=32, block_length=4))
+
+
+def test_released_decoding_defaults_of_each_family(tmp_path):
+    sdar = LLM(write_sdar(tmp_path / "sdar")).default_params()
+    assert (sdar.policy, sdar.threshold, sdar.block_length, sdar.cache) == ("threshold", 0.85, 4, "exact")
+    v2 = LLM(write_fast_dllm_v2(tmp_path / "v2", bd_size=32)).default_params()
+    assert (v2.policy, v2.threshold, v2.block_length, v2.cache) == ("threshold", 0.9, 8, "exact")  # sub-blocks of 8
+    v2small = LLM(write_fast_dllm_v2(tmp_path / "v2s", bd_size=4)).default_params()
+    assert v2small.block_length == 4  # a sub-block of 8 does not divide a block of 4

@@ -15,6 +15,7 @@ from unmask.engine.engine import Engine, EngineConfig, ForwardRecord
 from unmask.engine.loop import StepRecord, decode
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
+from unmask.models.blockdiff import RELEASED_DEFAULTS
 from unmask.models.loader import load_model, read_json
 from unmask.params import MODEL_DEFAULT_KEYS, GenerationParams, check_fields, resolve_params
 from unmask.tokenizer import Tokenizer, resolve_token_ids
@@ -106,6 +107,9 @@ class LLM:
         g = self.generation_config
         defaults = {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
         if self.arch.block_size:  # a block-diffusion model decodes its own blocks, with its exact cache
+            for k, v in RELEASED_DEFAULTS.get(self.arch.family, {}).items():
+                if k != "block_length" or self.arch.block_size % v == 0:  # a sub-block must divide the block
+                    defaults.setdefault(k, v)
             defaults.setdefault("block_length", self.arch.block_size)
             defaults.setdefault("cache", "exact")
         return defaults
@@ -269,12 +273,12 @@ class LLM:
 
 
 ASSETS = Path(__file__).parent / "assets"
-EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar"}
+EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block"}
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
     if model is not None and not isinstance(model, (str, Path)):
-        raise UnmaskError(f"model {model!r} must be a folder path, 'default' or 'default-ar'")
+        raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar' or 'default-block'")
     name = "default" if model is None else str(model)
     if name in EMBEDDED:
         path = EMBEDDED[name]

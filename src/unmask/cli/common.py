@@ -16,8 +16,8 @@ from unmask.params import (
     resolve_params,
 )
 
-MODEL_HELP = ("local checkpoint folder (LLaDA or Dream layout); 'default' is the embedded model (the default), "
-              "'default-ar' its autoregressive twin")
+MODEL_HELP = ("local checkpoint folder (LLaDA, Dream, Fast-dLLM v2 or SDAR layout); 'default' is the embedded "
+              "model (the default), 'default-ar' its autoregressive twin, 'default-block' its block-diffusion sibling")
 
 
 class Parser(argparse.ArgumentParser):

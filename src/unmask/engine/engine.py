@@ -370,7 +370,9 @@ class Engine:
         shift = self.shift
         refresh, start, end = self._plan()
         s, e = r.s, r.e
-        cost = torch.where(refresh, r.L, end - start)
+        # a full forward covers the canvas; a block model's prefill only the prompt and first block
+        full_len = torch.where(r.exact, end, r.L)
+        cost = torch.where(refresh, full_len, end - start)
         # window rows first, then full rows, each oldest first; the first row always runs
         order = torch.argsort(refresh.long() * (r.n + 1) + torch.arange(r.n, device=self.device), stable=True)
         within = torch.cumsum(cost[order], 0) <= self.config.max_num_batched_tokens
@@ -381,7 +383,7 @@ class Engine:
         # writes that block's final K/V (the commit forward, fused with the next block's first step)
         commit_kv = run & ~refresh & r.exact & (r.kvx < s // max(self.align, 1) * self.align)
         # one host read for the step's shape: widest block, rows of each kind, positions of each kind
-        width = torch.where(refresh, r.L, end - start)
+        width = cost
         W, n_win, n_full, pos_win, pos_full, n_commit = torch.stack([
             (e - s).max(), (run & ~refresh).sum(), (run & refresh).sum(),
             torch.where(run & ~refresh, width, 0).sum(), torch.where(run & refresh, width, 0).sum(),
@@ -465,14 +467,15 @@ class Engine:
         r = self.rows
         ar = torch.arange(W, device=self.device)[None, :]
         if kind == "full":
-            Lmax = int(r.L[idx].max())
+            lens = torch.where(r.exact[idx], end[idx], r.L[idx])  # a block model's prefill stops at its first block
+            Lmax = int(lens.max())
             ids, pos = r.x[idx, :Lmax], r.pos[idx, :Lmax]
-            key_mask = torch.arange(Lmax, device=self.device)[None, :] < r.L[idx, None]
+            key_mask = torch.arange(Lmax, device=self.device)[None, :] < lens[:, None]
             key_mask = None if bool(key_mask.all()) else key_mask
             kv = None
             if bool(r.cached[idx].any()):
                 cols = torch.arange(Lmax, device=self.device)[None, :].expand(idx.numel(), -1)
-                cols = torch.where(cols < r.L[idx, None], cols, r.cap)
+                cols = torch.where(cols < lens[:, None], cols, r.cap)
                 kv = _RowsKV(r, None if all_rows else idx, cols, True, self.model.config.num_layers)
             hidden = (s[idx, None] - shift + ar).clamp(0, Lmax - 1)
             return self.model(ids, pos, kv, 0, key_mask, hidden)

@@ -18,6 +18,16 @@ from unmask.models.base import ArchConfig, cfg_float, cfg_int
 
 SDAR_BLOCK = 4
 
+# decoding settings each family's release recommends, used where the folder's
+# generation_config.json says nothing: Fast-dLLM v2's eval (threshold 0.9 over sub-blocks of 8 in
+# blocks of 32, no block-level cache); SDAR's generate script (low_confidence_dynamic with
+# threshold 0.85 and at least one token per step: unmask's threshold policy, which commits the
+# most confident position when none passes).
+RELEASED_DEFAULTS = {
+    "fast_dllm_v2": {"policy": "threshold", "threshold": 0.9, "block_length": 8, "cache": "exact"},
+    "sdar": {"policy": "threshold", "threshold": 0.85, "cache": "exact"},
+}
+
 
 def _flag(cfg: dict, key: str, default: bool) -> bool:
     v = cfg.get(key, default)
