@@ -1,11 +1,13 @@
 """Copy the trained models into the package and record their held-out accuracy.
 
-    python scripts/ship_default.py [--n 200]
+    python scripts/ship_default.py [--n 200]          # default and default-ar
+    python scripts/ship_default.py --block [--n 200]  # default-block, from runs/block
 
-Writes src/unmask/assets/{default,default-ar}/ (config, weights, tokenizer, generation defaults,
-training.json) and eval.json beside each: exact match and token accuracy per task on the first
-n held-out examples, one token per step in low-confidence order (the AR twin: greedy with its
-KV cache). The test suite checks that the shipped models reproduce these numbers.
+Writes src/unmask/assets/{default,default-ar,default-block}/ (config, weights, tokenizer,
+generation defaults, training.json) and eval.json beside each: exact match and token accuracy per
+task on the first n held-out examples, one token per step in low-confidence order (the AR twin:
+greedy with its KV cache; the block model: its own blocks with its exact cache). The test suite
+checks that the shipped models reproduce these numbers.
 """
 
 import argparse
@@ -34,6 +36,9 @@ def lineage(run: Path) -> list[dict]:
                        "elapsed_seconds": round(meta["elapsed_seconds"], 1),
                        "last_check": evals[-1] if evals else None})
         parent = meta["config"].get("init_from")
+        if parent in ("default", "default-ar"):  # an embedded model: its own recorded lineage
+            phases += json.loads((ASSETS / parent / "training.json").read_text()).get("lineage", [])[::-1]
+            break
         run = (ROOT / parent) if parent else None
     return phases[::-1]
 
@@ -50,7 +55,9 @@ def ship(run: Path, name: str, n: int) -> None:
     (dst / "training.json").write_text(json.dumps(meta, indent=2))
     llm = LLM(dst)
     g = llm.generation_defaults["gen_length"]
-    params = GenerationParams(gen_length=g, block_length=g, steps=g)
+    block = llm.arch.block_size or g
+    params = GenerationParams(gen_length=g, block_length=block, steps=g,
+                              cache="exact" if llm.arch.block_size else "none")
     t0 = time.time()
     results = evaluate(llm, n=n, params=params, batch_size=100)
     table = {"n": n, "params": params.__dict__, "seconds": round(time.time() - t0, 1),
@@ -64,7 +71,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--runs", default=str(ROOT / "runs"))
     ap.add_argument("--diffusion", default="reverse", help="the run of the last diffusion phase")
+    ap.add_argument("--block", action="store_true", help="ship the block-diffusion model (runs/block) only")
     a = ap.parse_args()
+    if a.block:
+        ship(Path(a.runs) / "block", "default-block", a.n)
+        return
     ship(Path(a.runs) / a.diffusion, "default", a.n)
     ship(Path(a.runs) / "ar", "default-ar", a.n)
 

@@ -208,7 +208,7 @@ def test_training_mask_clean_half_is_the_models_own_block_forward(tmp_path):
 def test_sub_blocks_decode_left_to_right_with_the_tokens_of_no_cache(block_llm, policy):
     B = block_llm.arch.block_size
     sub = B // 2
-    p = dict(gen_length=2 * B, block_length=sub, **policy)
+    p = dict(gen_length=16, block_length=sub, **policy)
     none = block_llm.generate(PROMPTS, GenerationParams(cache="none", **p))
     exact = block_llm.generate(PROMPTS, GenerationParams(cache="exact", **p))
     assert [r.token_ids for r in exact.results] == [r.token_ids for r in none.results]
@@ -327,3 +327,19 @@ def test_released_decoding_defaults_of_each_family(tmp_path):
     assert (v2.policy, v2.threshold, v2.block_length, v2.cache) == ("threshold", 0.9, 8, "exact")  # sub-blocks of 8
     v2small = LLM(write_fast_dllm_v2(tmp_path / "v2s", bd_size=4)).default_params()
     assert v2small.block_length == 4  # a sub-block of 8 does not divide a block of 4
+
+
+def test_the_canvas_need_not_tile_a_block_models_blocks(block_llm):
+    B = block_llm.arch.block_size
+    g = 2 * B + 3  # ends in a partial block
+    for policy in (dict(), dict(policy="threshold", threshold=0.5)):
+        none = block_llm.generate(PROMPTS, block_llm.default_params(gen_length=g, cache="none", early_stop=False, **policy))
+        exact = block_llm.generate(PROMPTS, block_llm.default_params(gen_length=g, cache="exact", early_stop=False,
+                                                                     **policy))
+        assert [r.raw_ids for r in exact.results] == [r.raw_ids for r in none.results]
+        assert all(len(r.raw_ids) == g and block_llm.token_ids.mask not in r.raw_ids for r in exact.results)
+    # the fixed schedule commits gen_length / steps tokens per step, also in partial blocks
+    out = block_llm.generate([[5] * 8], block_llm.default_params(gen_length=g - 1, steps=(g - 1) // 2, early_stop=False))
+    assert all(n <= 2 for n in out.results[0].commits)
+    with pytest.raises(UnmaskError, match="steps must divide gen_length"):
+        block_llm.default_params(gen_length=g, steps=4)

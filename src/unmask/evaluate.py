@@ -89,7 +89,7 @@ def evaluate(
     keep_samples: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> list[TaskResult]:
-    params = (params or GenerationParams()).check()
+    params = (params or GenerationParams()).check(llm.arch.block_size)
     return [TaskResult.from_run(run_task(llm, t, n, params, batch_size, keep_samples, progress)) for t in tasks]
 
 

@@ -118,7 +118,8 @@ class LLM:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
         defaults (threshold 0.9 with DualCache; not for an autoregressive model). What `generate`
         uses when given no parameters."""
-        return resolve_params(given, self.generation_defaults, fast=not self.arch.causal)
+        return resolve_params(given, self.generation_defaults, fast=not self.arch.causal,
+                              block_size=self.arch.block_size)
 
     @property
     def arch(self):
@@ -202,7 +203,7 @@ class LLM:
         if not isinstance(params, GenerationParams):
             raise UnmaskError(f"params must be a GenerationParams or a dict of its fields, not {type(params).__name__}")
         if not self.arch.causal:
-            return params.check()
+            return params.check(self.arch.block_size)
         if self.arch.causal:  # block_length and steps do not apply, so neither do the rules between them
             ignored = [f for f in AR_IGNORED if getattr(params, f) != getattr(_REFERENCE, f)]
             if ignored:

@@ -85,7 +85,7 @@ class GenerationParams:
 
     @property
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+        return -(-self.gen_length // self.block_length)  # a block model's canvas may end in a partial block
 
     @property
     def steps_per_block(self) -> int:
@@ -95,14 +95,24 @@ class GenerationParams:
         """Apply what a compat mode implies (e.g. Dream decodes the canvas as one block)."""
         return self if self.compat is None else get_mode(self.compat).resolve(self)
 
-    def check(self) -> "GenerationParams":
+    def check(self, block_size: int = 0) -> "GenerationParams":
         """Validate the rules between fields (each field was checked when built) and return the
-        resolved parameters."""
+        resolved parameters. `block_size`: the model's attention block when it is a
+        block-diffusion model (its blocks are fixed by position, so the canvas need not tile)."""
         p = self.resolved()
-        if p.gen_length % p.block_length:
-            raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
-        if p.total_steps % p.num_blocks:
-            raise UnmaskError(f"steps {p.total_steps} is not a multiple of the number of blocks {p.num_blocks}")
+        if block_size and p.compat is None:
+            if block_size % p.block_length:
+                raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model attends in blocks of "
+                                  f"{block_size} positions (config bd_size); use block_length {block_size}, or a "
+                                  "divisor of it to decode each block in left-to-right sub-blocks")
+            if p.gen_length % p.total_steps:
+                raise UnmaskError(f"steps {p.total_steps}: on a block-diffusion model the fixed schedule commits "
+                                  f"gen_length / steps tokens per step, so steps must divide gen_length {p.gen_length}")
+        else:
+            if p.gen_length % p.block_length:
+                raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
+            if p.total_steps % p.num_blocks:
+                raise UnmaskError(f"steps {p.total_steps} is not a multiple of the number of blocks {p.num_blocks}")
         if p.refresh_interval is not None and not CACHES[p.cache].refreshes:
             raise UnmaskError(f"refresh_interval {p.refresh_interval} applies to a cache that keeps KV "
                               f"({', '.join(n for n, c in CACHES.items() if c.refreshes)}), not to cache {p.cache}")
@@ -182,15 +192,16 @@ MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", 
 FAST = {"policy": "threshold", "threshold": 0.9, "cache": "dual"}
 
 
-def canvas_shape(defaults: dict, given: dict) -> dict:
+def canvas_shape(defaults: dict, given: dict, block_size: int = 0) -> dict:
     """gen_length / block_length / steps: what the user gave wins, then the model's generation
     defaults. A new gen_length alone means one token per step, and a single block when the
-    default block does not tile it. Keys left out take GenerationParams' defaults."""
+    default block does not tile it (not on a block-diffusion model, whose blocks are fixed by
+    position). Keys left out take GenerationParams' defaults."""
     d = {k: v for k, v in defaults.items() if k in SHAPE}
     given = {k: v for k, v in given.items() if v is not None and k in SHAPE}
     if "gen_length" in given and "steps" not in given:
         d.pop("steps", None)
-    if "gen_length" in given and "block_length" not in given:
+    if "gen_length" in given and "block_length" not in given and not block_size:
         if given["gen_length"] % d.get("block_length", GenerationParams.block_length):
             d["block_length"] = given["gen_length"]
     return {**d, **given}
@@ -210,24 +221,26 @@ def implied_policy(given: dict) -> str | None:
     return next(iter(implied), None)
 
 
-def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool = True) -> GenerationParams:
+def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool = True,
+                   block_size: int = 0) -> GenerationParams:
     """Checked GenerationParams from what the caller gave (None = not given), the model's
     generation defaults, and, when `fast`, unmask's fast defaults. A compat mode takes only the
-    shape from the model (its reference defines the rest); so does `fast=False` (evaluation)."""
+    shape from the model (its reference defines the rest); so does `fast=False` (evaluation).
+    `block_size`: the model's attention block, for a block-diffusion model."""
     given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(PARAM_FIELDS))
     if unknown:
         raise UnmaskError(f"unknown generation parameter(s) {', '.join(unknown)}")
     check_fields(given)
     model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULT_KEYS}
-    values = canvas_shape(model_defaults, given)
+    values = canvas_shape(model_defaults, given, block_size)
     if fast and "compat" not in given:
         decoding = {**FAST, **{k: v for k, v in model_defaults.items() if k not in SHAPE}}
         if "policy" not in given:
             given["policy"] = implied_policy(given)
         values = {**decoding, **values}
     values.update({k: v for k, v in given.items() if k not in SHAPE and v is not None})
-    params = GenerationParams(**values).check()
+    params = GenerationParams(**values).check(block_size)
     _check_knobs_apply(given, params)
     return params
 

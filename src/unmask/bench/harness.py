@@ -74,7 +74,8 @@ class UnmaskLM(LM):
             device = "cpu"
         self.llm = LLM(model, dtype=dtype, device=device or default_device())
         # evaluation runs the reference setting unless model_args say otherwise (like `unmask eval`)
-        self.params = resolve_params(values, self.llm.generation_defaults, fast=False)
+        self.params = resolve_params(values, self.llm.generation_defaults, fast=False,
+                                     block_size=self.llm.arch.block_size)
         # lm-eval passes batch_size "auto" / "auto:N" for its own models; a number is used as is
         self.batch_size = _int_arg("batch_size", batch_size, 1) if str(batch_size).strip().isdigit() else 1
         if str(chat).lower() not in ("true", "false"):

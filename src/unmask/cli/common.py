@@ -56,10 +56,11 @@ def given_params(a: argparse.Namespace) -> dict:
     return given
 
 
-def params_from_args(a: argparse.Namespace, model_defaults: dict | None = None, fast: bool = True) -> GenerationParams:
+def params_from_args(a: argparse.Namespace, model_defaults: dict | None = None, fast: bool = True,
+                     block_size: int = 0) -> GenerationParams:
     """Flags the user gave win; then the model's generation defaults; then (with `fast`) unmask's
     fast defaults; then GenerationParams'."""
-    return resolve_params(given_params(a), model_defaults, fast)
+    return resolve_params(given_params(a), model_defaults, fast, block_size)
 
 
 def parse_prompt_ids(text: str) -> list[list[int]]:
@@ -137,7 +138,7 @@ def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
             raise UnmaskError(f"{flags}: not used by an autoregressive model (it decodes one token per forward "
                               f"with its KV cache); it takes {', '.join('--' + f.replace('_', '-') for f in AR_FLAGS)}")
         fast = False
-    return params_from_args(a, llm.generation_defaults, fast)
+    return params_from_args(a, llm.generation_defaults, fast, llm.arch.block_size)
 
 
 FAST_TEXT = ("the checkpoint's generation_config.json, else unmask's fast defaults ("

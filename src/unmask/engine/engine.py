@@ -190,7 +190,7 @@ class _Rows:
         self.blk = torch.cat([self.blk, t(p.block_length)])
         self.spb = torch.cat([self.spb, t(p.steps_per_block)])
         # aligned blocks can be partial: the fixed schedule keeps its tokens per step instead
-        self.tps = torch.cat([self.tps, t(max(1, p.block_length // p.steps_per_block) if align else 0)])
+        self.tps = torch.cat([self.tps, t(max(1, p.gen_length // p.total_steps) if align else 0)])
         e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
         self.s, self.e = torch.cat([self.s, t(P)]), torch.cat([self.e, t(e)])
         self.kvx = torch.cat([self.kvx, t(P // align * align if align else 0)])
@@ -426,7 +426,7 @@ class Engine:
             key = _setting(req.params)
             cfg = self.configs.setdefault(key, len(self.configs))
             self.parts_by_cfg.setdefault(cfg, req.parts)
-            smax = max(req.params.steps_per_block, 1)
+            smax = req.params.block_length if self.align else max(req.params.steps_per_block, 1)
             self.rows.add(req, self.mask, cfg, smax, self.align)
             req.status = Status.RUNNING
 
@@ -639,4 +639,4 @@ def _setting(p: GenerationParams) -> tuple:
     """Rows with equal settings share one proposal and one commit policy call."""
     return (p.policy, p.remasking, p.confidence, p.threshold, p.factor, p.gamma, p.budget, p.cache,
             p.refresh_interval, p.temperature, p.top_k, p.top_p, p.seed is not None, p.early_stop,
-            p.block_length, p.steps_per_block)
+            p.block_length, p.total_steps)

@@ -277,7 +277,8 @@ def _params(llm: LLM, body, ids: list[int]) -> GenerationParams:
             raise APIError(400, f"{', '.join(ignored)}: not used by an autoregressive model (it decodes one token "
                                 "per forward with its KV cache)", param=ignored[0])
     try:
-        params = resolve_params(fields, llm.generation_defaults, fast=not llm.arch.causal)
+        params = resolve_params(fields, llm.generation_defaults, fast=not llm.arch.causal,
+                                block_size=llm.arch.block_size)
         llm._check_prompts([ids], params)
         body.stops()
     except UnmaskError as e:
