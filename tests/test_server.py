@@ -490,3 +490,21 @@ def test_chat_through_the_checkpoints_template(llada):
         assert bad.status_code == 400 and "<|eot_id|>" in bad.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_a_block_diffusion_model_is_served_with_any_max_tokens(tmp_path):
+    from checkpoints import write_sdar
+
+    block_llm = LLM(write_sdar(tmp_path / "sdar"))
+    s = Server(block_llm, served_model_name="sdar")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for max_tokens in (7, 12):  # blocks of 4: a partial last block, and whole blocks
+            full = c.completions.create(model="sdar", prompt="w1 w2 w3", max_tokens=max_tokens)
+            parts = c.completions.create(model="sdar", prompt="w1 w2 w3", max_tokens=max_tokens, stream=True)
+            streamed = "".join(ch.choices[0].text for ch in parts)
+            want = block_llm.generate(["w1 w2 w3"], block_llm.default_params(gen_length=max_tokens), chat=False)
+            assert full.choices[0].text == streamed == want.results[0].text
+            assert full.usage.completion_tokens <= max_tokens
+    finally:
+        s.stop()
