@@ -102,3 +102,22 @@ def test_generate_without_model_flag(capsys):
     assert main(["generate", "pick hand red cat sun :", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["nfe"] >= 1 and len(obj["generated_ids"]) == 1
+
+
+def test_embedded_block_model_reproduces_its_recorded_accuracy_with_its_exact_cache():
+    """default-block: a block-diffusion model (bd_size 8) in the LLaDA layout; greedy, one token
+    per step, its own blocks; the exact cache gives the tokens of no cache on the same examples."""
+    llm = LLM("default-block")
+    assert llm.arch.block_size == 8 and llm.arch.logit_shift == 1
+    recorded = json.loads((llm.path / "eval.json").read_text())
+    assert recorded["n"] >= 200 and recorded["params"]["cache"] == "exact"
+    g = llm.generation_defaults["gen_length"]
+    params = GenerationParams(gen_length=g, block_length=8, steps=g, cache="exact")
+    results = evaluate(llm, n=SAMPLE, params=params, batch_size=SAMPLE)
+    for r, rec in zip(results, recorded["results"]):
+        assert r.task == rec["task"]
+        assert abs(r.exact - rec["exact_first_100"]) <= 0.02, (r.task, r.exact, rec["exact_first_100"])
+    none = evaluate(llm, ("copy", "sort"), n=32, params=GenerationParams(gen_length=g, block_length=8, steps=g),
+                    batch_size=32, keep_samples=32)
+    exact = evaluate(llm, ("copy", "sort"), n=32, params=params, batch_size=32, keep_samples=32)
+    assert [s["output"] for r in exact for s in r.samples] == [s["output"] for r in none for s in r.samples]

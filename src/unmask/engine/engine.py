@@ -19,9 +19,13 @@ One engine step:
    then per-row bookkeeping in tensors: blocks advance, finished rows leave.
 
 Greedy output of a request does not depend on what else runs: padding is masked, positions are
-each row's own, and each request samples from its own generator. An autoregressive model (the
-AR twin) runs here as a block model with blocks of one token and an exact KV cache: one prefill
-forward, then one cached window per token. Compat modes are not served here (LLM.generate runs
+each row's own, and each request samples from its own generator. A block-diffusion model (config
+bd_size) runs here too, with another plan from its cache policy (`exact`): its blocks are fixed by
+position, the first forward is a prefill of the prompt and first block, each later step computes
+the open block, and the step after a block fills also recomputes that block to write its final
+K/V (the commit forward, fused with the next block's first step). An autoregressive model (the
+AR twin) runs as a model with blocks of one token and an exact KV cache: one prefill forward,
+then one cached window per token. Compat modes are not served here (LLM.generate runs
 them as their own lockstep batch, as the references do).
 """
 
