@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--block", action="store_true", help="ship the block-diffusion model (runs/block) only")
     a = ap.parse_args()
     if a.block:
-        ship(Path(a.runs) / "block", "default-block", a.n)
+        ship(Path(a.runs) / "block2", "default-block", a.n)
         return
     ship(Path(a.runs) / a.diffusion, "default", a.n)
     ship(Path(a.runs) / "ar", "default-ar", a.n)
