@@ -324,10 +324,7 @@ class Engine:
                 raise UnmaskError(f"cache {p.cache!r} is exact only for block-diffusion models (config bd_size); "
                                   "this model attends over the whole canvas: use none, prefix or dual")
             return
-        if self.align % p.block_length:
-            raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model attends in blocks of "
-                              f"{self.align} positions (config bd_size); use block_length {self.align}, or a divisor "
-                              "of it to decode each block in left-to-right sub-blocks")
+        p.check(self.align)  # the block-model rules (block_length divides bd_size) live in GenerationParams
         if CACHES.lookup(p.cache).stores_kv and not exact:
             raise UnmaskError(f"cache {p.cache!r} approximates a full-attention model's K/V; this block-diffusion "
                               "model's finished blocks are cached exactly: use cache exact (or none)")
