@@ -86,3 +86,32 @@ def test_headline_picks_fastest_within_one_point_of_the_baseline():
 def test_bench_rejects_bad_grid(capsys):
     assert main(["bench", "--policies", "greedy:1"]) == 2
     assert "unknown policy 'greedy'" in capsys.readouterr().err
+
+
+def test_bench_compares_refresh_rules(tmp_path, tiny_models):
+    """Cache entries carry their own settings (a refresh interval, the adaptive cache's triggers);
+    the run reports positions recomputed per request and draws the refresh-rule plot."""
+    d, _ = tiny_models
+    code = main(["bench", "--model", str(d), "--ar-model", "none", "--policies", "threshold:0.9",
+                 "--caches", "none,dual,dual:r2,adaptive:p0.9,adaptive:t2:canvas", "--blocks", "8", "--batches", "1",
+                 "--n", "3", "--tasks", "copy", "--out", str(tmp_path), "--quiet"])
+    assert code == 0
+    run = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = {r["label"]: r for r in run["results"]}
+    assert list(rows) == ["threshold=0.9 none blk8 b1", "threshold=0.9 dual blk8 b1", "threshold=0.9 dual r2 blk8 b1",
+                          "threshold=0.9 adaptive p0.9 blk8 b1", "threshold=0.9 adaptive t2 canvas blk8 b1"]
+    none, dual = rows["threshold=0.9 none blk8 b1"], rows["threshold=0.9 dual blk8 b1"]
+    assert dual["positions_per_request"] < none["positions_per_request"]
+    assert rows["threshold=0.9 dual r2 blk8 b1"]["config"]["refresh_interval"] == 2
+    assert rows["threshold=0.9 adaptive p0.9 blk8 b1"]["config"]["refresh_below"] == 0.9
+    assert next(tmp_path.glob("*.caches.png")).stat().st_size > 5000
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("dual:t3", "'t3' is not a setting of cache dual"), ("none:r2", "'r2' is not a setting of cache none"),
+    ("adaptive:t0", "'t0' is not a setting of cache adaptive"), ("adaptive:p2", "refresh_below 2.0 is outside"),
+    ("adaptive:q1", "'q1' is not a setting"),
+])
+def test_bench_names_a_bad_cache_entry(capsys, tmp_path, entry, message):
+    assert main(["bench", "--caches", entry, "--n", "1", "--out", str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err

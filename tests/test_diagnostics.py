@@ -69,6 +69,9 @@ def test_diagnose_command(capsys, tmp_path):
     assert summary["disagreement_by_cache_age"]["0"]["rate"] == 0.0  # a full forward agrees with itself
     report = json.loads(out.read_text())
     assert out.with_suffix(".png").stat().st_size > 10_000
+    assert out.with_suffix(".calibration.png").stat().st_size > 10_000
+    assert set(summary["signal_auc"]) >= {"cache_age", "tokens_since_refresh", "one_minus_cached_prob"}
+    assert 0 < summary["tokens_per_forward"] <= 8
     assert len(report["outcomes"]) == 8 and len(report["commits"]) == summary["commits"]
     assert main(["diagnose", "--model", "default-ar"]) == 2
 
@@ -83,9 +86,31 @@ def test_calibration_against_the_reference_decode(capsys):
     assert main(["diagnose", "--tasks", "copy,json", "--n", "8", "--policy", "fixed", "--steps", "24",
                  "--cache", "none"]) == 0
     cal = json.loads(capsys.readouterr().out)["calibration"]
-    assert cal["reference"]["n"] > 0 and all(r["accuracy"] == 1.0 for r in cal["reference"]["reliability"])
-    assert 0 <= cal["gold"]["ece"] <= 1
+    assert set(cal) == {"prob", "margin", "exp_neg_entropy"}
+    for score in cal.values():
+        assert score["reference"]["n"] > 0 and all(r["accuracy"] == 1.0 for r in score["reference"]["reliability"])
+        assert score["reference"]["error_rate"] == 0.0
+        assert 0 <= score["gold"]["ece"] <= 1 and 0 <= score["gold"]["error_rate"] <= 1
     assert main(["diagnose", "--tasks", "json,pairs", "--n", "16", "--policy", "threshold", "--threshold", "0.5",
                  "--block-length", "8", "--cache", "dual"]) == 0
     cal = json.loads(capsys.readouterr().out)["calibration"]
-    assert any(r["accuracy"] < 1.0 for r in cal["reference"]["reliability"])
+    assert any(r["accuracy"] < 1.0 for r in cal["prob"]["reference"]["reliability"])
+    assert cal["prob"]["reference"]["error_rate"] > 0
+
+
+def test_signal_auc_ranks_disagreements():
+    """AUC 1 when a signal puts every disagreeing cached commit above every agreeing one, 0 when
+    below, 0.5 when it cannot tell them apart (ties share their rank); exact commits are left out."""
+    from unmask.bench.diagnose import signal_auc
+    from unmask.engine.diagnostics import CommitRecord
+
+    def rec(age, since, prob, agree):
+        return CommitRecord("r", 0, age, 0, 1, 0, age, since, -1, prob, prob, prob, 0.1, agree, 0.0)
+
+    commits = [rec(1, 2, 0.95, True), rec(1, 3, 0.9, True), rec(2, 1, 0.4, False), rec(2, 0, 0.3, False),
+               rec(0, 0, 0.2, False)]  # the last is an exact commit (age 0): not counted
+    auc = signal_auc(commits)
+    assert auc["cached_commits"] == 4 and auc["disagreeing"] == 2
+    assert auc["cache_age"] == 1.0 and auc["one_minus_cached_prob"] == 1.0 and auc["tokens_since_refresh"] == 0.0
+    same = [rec(1, 1, 0.5, True), rec(1, 1, 0.5, False)]
+    assert signal_auc(same)["cache_age"] == 0.5

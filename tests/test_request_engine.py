@@ -15,8 +15,12 @@ SETTINGS = [
     dict(gen_length=12, block_length=4, policy="budget", budget=2.0),
     dict(gen_length=16, block_length=8, policy="fixed", cache="dual", refresh_interval=2),
     dict(gen_length=16, block_length=8, policy="factor", factor=2.0, early_stop=False),
+    dict(gen_length=16, block_length=8, policy="threshold", threshold=0.3, cache="adaptive", refresh_below=0.6),
+    dict(gen_length=24, block_length=8, policy="fixed", steps=12, cache="adaptive", refresh_tokens=3,
+         refresh_below=0.5, refresh_scope="canvas", early_stop=False),
 ]
-PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1], [8, 2, 8, 1, 8, 2], [1, 4, 1, 4, 2], [5, 5], [9, 8, 7, 6]]
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1], [8, 2, 8, 1, 8, 2], [1, 4, 1, 4, 2], [5, 5], [9, 8, 7, 6],
+           [4, 4, 2, 1], [7, 3, 3, 9, 1, 2]]
 
 
 def _alone(llm, prompt, kw):

@@ -508,3 +508,15 @@ def test_a_block_diffusion_model_is_served_with_any_max_tokens(tmp_path):
             assert full.usage.completion_tokens <= max_tokens
     finally:
         s.stop()
+
+
+def test_adaptive_cache_settings_pass_through(llm, server):
+    """The adaptive cache's knobs are request fields like the other decoding knobs; a bad one is a
+    400 that names it."""
+    body = {"prompt": PROMPTS[2], "policy": "threshold", "threshold": 0.9, "block_length": 8, "cache": "adaptive",
+            "refresh_below": 0.8, "refresh_tokens": 5, "refresh_scope": "canvas"}
+    text = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    assert text == _offline(llm, PROMPTS[2], policy="threshold", threshold=0.9, block_length=8, cache="adaptive",
+                            refresh_below=0.8, refresh_tokens=5, refresh_scope="canvas")
+    r = httpx.post(server.url + "/v1/completions", json={**body, "cache": "dual"}, timeout=60)
+    assert r.status_code == 400 and "refresh_tokens 5" in r.json()["error"]["message"]

@@ -291,7 +291,8 @@ def resolve_model_path(model: str | Path | None) -> Path:
 
 # what an autoregressive model cannot honour: anything but the field's reference value is refused
 AR_IGNORED = ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget", "cache",
-              "refresh_interval", "top_k", "top_p", "compat", "alg", "early_stop")
+              "refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope",
+              "top_k", "top_p", "compat", "alg", "early_stop")
 _REFERENCE = GenerationParams()
 
 

@@ -66,6 +66,13 @@ class GenerationParams:
     budget: float = _param(1.0, "budget policy: error budget f", _interval(0, math.inf, hi_open=True))
     cache: str = _param("none", "KV cache policy", _choices(CACHES))
     refresh_interval: int | None = _param(None, "also refresh the cache every N steps inside a block", _positive_int)
+    refresh_tokens: int | None = _param(None, "adaptive cache: refresh once N tokens were committed since the cached "
+                                        "K/V were computed", _positive_int)
+    refresh_below: float | None = _param(None, "adaptive cache: a cached step that would commit a token with "
+                                         "probability below this is recomputed (default 0.8)", _interval(0, 1))
+    refresh_scope: str | None = _param(None, "adaptive cache: what a triggered refresh recomputes: suffix (the block "
+                                       "and the masked suffix, default) or canvas (a full forward)",
+                                       _choices(("suffix", "canvas")))
     temperature: float = _param(0.0, "sampling temperature (0: greedy)",
                                 _interval(0, math.inf, lo_open=False, hi_open=True))
     top_k: int | None = _param(None, "sample among the k most likely tokens", _positive_int)
@@ -116,6 +123,10 @@ class GenerationParams:
         if p.refresh_interval is not None and not CACHES[p.cache].refreshes:
             raise UnmaskError(f"refresh_interval {p.refresh_interval} applies to a cache that keeps KV "
                               f"({', '.join(n for n, c in CACHES.items() if c.refreshes)}), not to cache {p.cache}")
+        for name in ("refresh_tokens", "refresh_below", "refresh_scope"):
+            if getattr(p, name) is not None and not getattr(CACHES[p.cache], "adaptive", False):
+                raise UnmaskError(f"{name} {getattr(p, name)} is a trigger of the adaptive cache (cache adaptive), "
+                                  f"not of cache {p.cache}")
         if p.policy == "budget" and p.confidence == "neg_entropy":
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
         if p.alg is not None and p.compat != "dream":
@@ -185,7 +196,7 @@ def coerce(name: str, value, label: str | None = None):
 SHAPE = ("gen_length", "block_length", "steps")
 # what a model's generation_config.json may set besides the shape (sampling knobs are the caller's)
 MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget",
-                              "cache", "refresh_interval")
+                              "cache", "refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
 # unmask's setting where a checkpoint recommends nothing: Fast-dLLM's threshold 0.9 with DualCache.
 # On the embedded model it keeps the one-token-per-step accuracy with 4.7x fewer forwards (README,
 # Results); Fast-dLLM reports the same on LLaDA-8B and Dream-7B (GSM8K within a point).
@@ -205,6 +216,9 @@ def canvas_shape(defaults: dict, given: dict, block_size: int = 0) -> dict:
         if given["gen_length"] % d.get("block_length", GenerationParams.block_length):
             d["block_length"] = given["gen_length"]
     return {**d, **given}
+
+
+ADAPTIVE_KNOBS = ("refresh_tokens", "refresh_below", "refresh_scope")
 
 
 def implied_policy(given: dict) -> str | None:
@@ -238,6 +252,8 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
         decoding = {**FAST, **{k: v for k, v in model_defaults.items() if k not in SHAPE}}
         if "policy" not in given:
             given["policy"] = implied_policy(given)
+        if "cache" not in given and any(given.get(k) is not None for k in ADAPTIVE_KNOBS):
+            given["cache"] = "adaptive"  # its triggers name it, as a policy's knob names the policy
         values = {**decoding, **values}
     values.update({k: v for k, v in given.items() if k not in SHAPE and v is not None})
     params = GenerationParams(**values).check(block_size)

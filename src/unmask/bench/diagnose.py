@@ -3,6 +3,7 @@ observer (unmask.engine.diagnostics) and summarise what the cache changed and wh
 predicts wrong answers."""
 
 import dataclasses
+import math
 from collections import defaultdict
 
 from unmask.bench.stats import wilson_interval
@@ -15,7 +16,8 @@ CONF_BINS = (0.0, 0.5, 0.7, 0.9, 0.99, 1.0000001)
 def run(llm, params, tasks: list[str], n: int, batch_size: int = 32) -> dict:
     obs = Observer()
     outcome: dict[str, dict] = {}
-    reference = dataclasses.replace(params, policy="fixed", steps=params.gen_length, block_length=params.gen_length,
+    # the reference: the same blocks, one token per step (most confident first), no cache
+    reference = dataclasses.replace(params, policy="fixed", steps=params.gen_length,
                                     cache="none", refresh_interval=None, temperature=0.0, top_k=None, top_p=None,
                                     confidence="prob", remasking="low_confidence").check()
     for task in tasks:
@@ -35,31 +37,75 @@ def run(llm, params, tasks: list[str], n: int, batch_size: int = 32) -> dict:
                 gold = llm.tokenizer.encode(ex.answer, add_special_tokens=False)
                 gold = (gold + [eos] * params.gen_length)[: params.gen_length]  # the answer, then end-of-text padding
                 outcome[req.id] = {"task": task, "correct": score(ex, result.text).exact, "text": result.text,
-                                   "reference": r.raw_ids, "gold": gold}
+                                   "reference": r.raw_ids, "gold": gold, "nfe": req.nfe}
     return {"summary": summarise(obs, outcome), "outcomes": outcome, **obs.to_json()}
 
 
+# the three commit scores, each read as a number in [0, 1]: the probability of the committed
+# token, the margin (top-1 minus top-2 probability), and exp(-entropy) (1 for a one-hot
+# distribution, 1/k for a uniform one over k tokens; the monotone image of neg_entropy)
+SCORES = {"prob": lambda c: c.cached_conf, "margin": lambda c: c.cached_margin,
+          "exp_neg_entropy": lambda c: math.exp(-c.cached_entropy)}
+
+
 def calibration(commits, outcome: dict[str, dict], bins: int = 10) -> dict:
-    """Reliability of the commit confidence (the cached probability of the committed token) for two
-    events: the token is the one the reference decode (one token per step, no cache) puts there,
-    and the token is the gold answer's (the answer, then end-of-text padding; for tasks with several
-    valid answers this is one of them). Expected calibration error over equal-width bins."""
+    """Reliability of each commit score (SCORES, from the cached forward that committed) for two
+    events: the token is the one the reference decode (the same blocks, one token per step, no
+    cache) puts there, and the token is the gold answer's (the answer, then end-of-text padding;
+    for tasks with several valid answers this is one of them). Expected calibration error over
+    equal-width bins; the error rate is the share of commits where the event fails."""
     out = {}
-    for event in ("reference", "gold"):
-        table = [[0, 0.0, 0] for _ in range(bins)]  # count, confidence sum, hits
-        for c in commits:
-            o = outcome.get(c.request)
-            if o is None:
-                continue
-            b = min(int(c.cached_conf * bins), bins - 1)
-            table[b][0] += 1
-            table[b][1] += c.cached_conf
-            table[b][2] += o[event][c.position] == c.token
-        total = sum(t[0] for t in table)
-        rows = [{"bin": [i / bins, (i + 1) / bins], "n": t[0], "confidence": t[1] / t[0], "accuracy": t[2] / t[0]}
-                for i, t in enumerate(table) if t[0]]
-        ece = sum(r["n"] / total * abs(r["confidence"] - r["accuracy"]) for r in rows) if total else None
-        out[event] = {"ece": ece, "reliability": rows, "n": total}
+    for name, value in SCORES.items():
+        out[name] = {}
+        for event in ("reference", "gold"):
+            table = [[0, 0.0, 0] for _ in range(bins)]  # count, score sum, hits
+            for c in commits:
+                o = outcome.get(c.request)
+                if o is None:
+                    continue
+                v = value(c)
+                b = min(int(v * bins), bins - 1)
+                table[b][0] += 1
+                table[b][1] += v
+                table[b][2] += o[event][c.position] == c.token
+            total = sum(t[0] for t in table)
+            rows = [{"bin": [i / bins, (i + 1) / bins], "n": t[0], "confidence": t[1] / t[0], "accuracy": t[2] / t[0]}
+                    for i, t in enumerate(table) if t[0]]
+            ece = sum(r["n"] / total * abs(r["confidence"] - r["accuracy"]) for r in rows) if total else None
+            errors = 1 - sum(r["n"] * r["accuracy"] for r in rows) / total if total else None
+            mean = sum(t[1] for t in table) / total if total else None
+            out[name][event] = {"ece": ece, "error_rate": errors, "mean_score": mean, "reliability": rows, "n": total}
+    return out
+
+
+# cheap signals an adaptive cache could read before or at a cached commit (higher = more suspect)
+SIGNALS = {"cache_age": lambda c: c.cache_age, "tokens_since_refresh": lambda c: c.since_refresh,
+           "one_minus_cached_prob": lambda c: 1 - c.cached_conf, "one_minus_margin": lambda c: 1 - c.cached_margin,
+           "cached_entropy": lambda c: c.cached_entropy}
+
+
+def signal_auc(commits) -> dict:
+    """For commits made from a cached forward: how well each signal ranks the commits whose fresh
+    top token differs above those where it agrees (ROC AUC; 0.5 = no better than chance)."""
+    cached = [c for c in commits if c.cache_age > 0]
+    pos = sum(not c.agree for c in cached)
+    neg = len(cached) - pos
+    out = {"cached_commits": len(cached), "disagreeing": pos}
+    for name, f in SIGNALS.items():
+        if not pos or not neg:
+            out[name] = None
+            continue
+        ranked = sorted(cached, key=f)
+        # Mann-Whitney: mean rank of the disagreeing commits, ties sharing their average rank
+        rank_sum, i = 0.0, 0
+        while i < len(ranked):
+            j = i
+            while j < len(ranked) and f(ranked[j]) == f(ranked[i]):
+                j += 1
+            avg = (i + j + 1) / 2
+            rank_sum += avg * sum(not c.agree for c in ranked[i:j])
+            i = j
+        out[name] = (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
     return out
 
 
@@ -71,7 +117,7 @@ def _rate(flags: list[bool]) -> dict:
 
 def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
     commits = obs.commits
-    by_age, by_bin, by_pos = defaultdict(list), defaultdict(list), defaultdict(list)
+    by_age, by_bin, by_pos, by_since = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     shift_by_age = defaultdict(list)
     for c in commits:
         by_age[c.cache_age].append(not c.agree)
@@ -79,6 +125,8 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
         b = next(i for i in range(len(CONF_BINS) - 1) if CONF_BINS[i] <= c.cached_conf < CONF_BINS[i + 1])
         by_bin[(c.cache_age > 0, f"[{CONF_BINS[b]:g}, {min(CONF_BINS[b + 1], 1):g})")].append(not c.agree)
         by_pos[c.in_block].append(not c.agree)
+        if c.cache_age > 0:
+            by_since[c.since_refresh].append(not c.agree)
     drift = defaultdict(lambda: defaultdict(list))
     for d in obs.drift:
         for layer, (k, v) in enumerate(zip(d.key_drift, d.value_drift)):
@@ -108,6 +156,9 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
         "wrong_answer_rate": {"with_a_disagreement": _rate(wrong_if[True]),
                               "without": _rate(wrong_if[False])},
         "accuracy": sum(o["correct"] for o in outcome.values()) / max(len(outcome), 1),
+        "tokens_per_forward": len(commits) / max(sum(o.get("nfe", 0) for o in outcome.values()), 1),
+        "disagreement_by_tokens_since_refresh": {k: _rate(f) for k, f in sorted(by_since.items())},
+        "signal_auc": signal_auc(commits),
         "calibration": calibration(commits, outcome),
     }
 
@@ -150,6 +201,30 @@ def plot(summary: dict, path: str) -> None:
     ax[3].set(title="wrong answers", ylim=(0, 1))
     for i, key in enumerate(("with_a_disagreement", "without")):
         ax[3].text(i, vals[i] + 0.02, f"n={w[key]['n']}", ha="center", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_calibration(runs: dict[str, dict], path: str, event: str = "reference") -> None:
+    """Reliability diagrams, one panel per commit score, one line per run (label -> summary):
+    how often a commit with that score is right (`event`: the reference decode's token, or gold)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, len(SCORES), figsize=(5 * len(SCORES), 4.2))
+    for a, name in zip(ax, SCORES):
+        a.plot([0, 1], [0, 1], color="0.7", lw=1)
+        for label, summary in runs.items():
+            cal = summary["calibration"][name][event]
+            rows = [r for r in cal["reliability"] if r["n"] >= 5]  # bins with a handful of commits at least
+            a.plot([r["confidence"] for r in rows], [r["accuracy"] for r in rows], "o-", ms=3,
+                   label=f"{label} (ECE {cal['ece']:.3f})")
+        a.set(xlabel=f"{name} of the committed token", ylabel=f"share equal to the {event}", xlim=(0, 1),
+              ylim=(0, 1.02), title=name)
+        a.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

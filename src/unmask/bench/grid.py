@@ -27,12 +27,18 @@ class BenchConfig:
     # which model decodes it: "diffusion" (--model), "block" (--block-model, a block-diffusion model)
     # or, with policy "ar", the AR twin
     model: str = "diffusion"
+    refresh_tokens: int | None = None  # the adaptive cache's triggers (grid entries adaptive:tN, adaptive:pC)
+    refresh_below: float | None = None
+    refresh_scope: str | None = None
 
     @property
     def label(self) -> str:
         if self.policy == "ar":
             return f"AR twin b{self.batch}"
         r = f" r{self.refresh_interval}" if self.refresh_interval else ""
+        r += f" t{self.refresh_tokens}" if self.refresh_tokens else ""
+        r += f" p{self.refresh_below:g}" if self.refresh_below else ""
+        r += f" {self.refresh_scope}" if self.refresh_scope else ""
         who = "BD " if self.model == "block" else ""
         return f"{who}{self.policy}={self.knob:g} {self.cache}{r} blk{self.block_length} b{self.batch}"
 
@@ -45,7 +51,9 @@ class BenchConfig:
         except ValueError as e:
             raise UnmaskError(str(e)) from None
         return GenerationParams(gen_length=g, block_length=self.block_length, cache=self.cache,
-                                refresh_interval=self.refresh_interval, **knob).check()
+                                refresh_interval=self.refresh_interval, refresh_tokens=self.refresh_tokens,
+                                refresh_below=self.refresh_below,
+                                refresh_scope=self.refresh_scope, **knob).check()
 
     def key(self) -> dict:
         return asdict(self)
@@ -67,11 +75,44 @@ def parse_policies(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def split_cache(entry: str) -> tuple[str, dict]:
+    """A --caches entry -> (cache, its own settings): 'dual' -> ('dual', {}); 'dual:r2' -> a
+    refresh every 2 steps (instead of --refresh's intervals); the adaptive cache's triggers:
+    'adaptive:t6' -> refresh_tokens 6, 'adaptive:p0.9' -> refresh_below 0.9, 'adaptive:t6:p0.9'
+    both, 'adaptive' alone its default; 'canvas' or 'suffix' sets its refresh scope
+    ('adaptive:p0.9:canvas')."""
+    name, *parts = entry.split(":")
+    if name not in CACHES:
+        raise UnmaskError(f"unknown cache {name!r} in --caches; choose {', '.join(CACHES)}")
+    adaptive = getattr(CACHES[name], "adaptive", False)
+    out = {}
+    for t in parts:
+        if adaptive and t in ("canvas", "suffix") and "refresh_scope" not in out:
+            out["refresh_scope"] = t
+            continue
+        key = {"r": "refresh_interval"} if CACHES[name].refreshes else {}
+        if adaptive:
+            key.update({"t": "refresh_tokens", "p": "refresh_below"})
+        key = key.get(t[:1])
+        try:
+            value = float(t[1:]) if key == "refresh_below" else int(t[1:])
+        except ValueError:
+            key = None
+        if key is None or key in out or (key != "refresh_below" and value < 1):
+            allowed = "rN (refresh every N steps)" if CACHES[name].refreshes else "nothing"
+            if adaptive:
+                allowed += ", tN (refresh after N committed tokens), pC (refresh a cached step that would commit " \
+                           "below probability C), canvas or suffix"
+            raise UnmaskError(f"--caches {entry!r}: {t!r} is not a setting of cache {name}; it takes {allowed}")
+        out[key] = value
+    return name, out
+
+
 def parse_caches(text: str) -> list[str]:
+    """'none,dual,adaptive:p0.9' -> the entries, each checked (split_cache)."""
     out = [c.strip() for c in text.split(",") if c.strip()]
     for c in out:
-        if c not in CACHES:
-            raise UnmaskError(f"unknown cache {c!r} in --caches; choose {', '.join(CACHES)}")
+        split_cache(c)
     if not out:
         raise UnmaskError(f"--caches {text!r} names no cache")
     return out
@@ -93,10 +134,15 @@ def build_grid(policies, caches, refresh, blocks, gens, batches, model: str = "d
     cache; a block that does not tile the canvas). The first configuration of each batch size is
     the baseline that the others are compared with. Every setting is checked before anything runs."""
     grid = []
-    for (policy, knob), cache, r, blk, g, b in itertools.product(policies, caches, refresh, blocks, gens, batches):
-        if (not CACHES[cache].refreshes and r) or g % blk:
+    for (policy, knob), entry, r, blk, g, b in itertools.product(policies, caches, refresh, blocks, gens, batches):
+        cache, own = split_cache(entry)
+        if (not CACHES[cache].refreshes and r) or (g % blk and model != "block"):
             continue
-        grid.append(BenchConfig(policy, knob, cache, r or None, blk, g, b, model))
+        if "refresh_interval" in own:  # the entry's own interval: once, not crossed with --refresh
+            if r != refresh[0]:
+                continue
+            r = own.pop("refresh_interval")
+        grid.append(BenchConfig(policy, knob, cache, r or None, blk, g, b, model, **own))
     if not grid:
         raise UnmaskError("the grid is empty: no block length tiles the generation length")
     for cfg in grid:

@@ -86,15 +86,19 @@ def plot_pareto(run: dict, path: str) -> None:
 
     from matplotlib.ticker import NullFormatter
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, xlabel, better in ((axes[0], "tokens_per_s", "generated tokens/s", "higher"),
-                                    (axes[1], "nfe_per_request", "forwards per request (NFE)", "lower")):
+                                    (axes[1], "nfe_per_request", "forwards per request (NFE)", "lower"),
+                                    (axes[2], "positions_per_request", "positions recomputed per request", "lower")):
         for j, batch in enumerate(sorted({r["config"]["batch"] for r in run["results"]})):
             colour = colours[j % len(colours)]
             rows = [r for r in run["results"] if r["config"]["batch"] == batch]
             for model, marker, name in (("diffusion", "o", "diffusion"), ("block", "s", "block diffusion")):
                 diff = [r for r in rows if r["config"]["policy"] != "ar" and r["config"].get("model", "diffusion") == model]
+                if not diff:
+                    continue
+                diff = [r for r in diff if key in r]  # runs written before a metric existed lack it
                 if not diff:
                     continue
                 xs = [r[key] for r in diff]
@@ -105,7 +109,7 @@ def plot_pareto(run: dict, path: str) -> None:
                 ax.plot([sign * x for x, _ in front], [y for _, y in front], lw=1, alpha=0.6, color=colour,
                         ls="-" if model == "diffusion" else "--")
             for r in rows:
-                if r["config"]["policy"] == "ar":
+                if r["config"]["policy"] == "ar" and key in r:
                     ax.scatter([r[key]], [100 * r["accuracy"]], marker="*", s=140, edgecolor="k",
                                color=colour, label=f"AR twin b{batch}")
         ax.set(xlabel=xlabel + f" ({better} is better)", ylabel="exact match / validity (%)", xscale="log")
@@ -116,4 +120,66 @@ def plot_pareto(run: dict, path: str) -> None:
                  f"({run['context'].get('gpu') or run['context']['cpu']}, {run['dtype']})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cache_study(run: dict) -> bool:
+    """The run compares refresh rules (an adaptive cache or a refresh interval is among its rows)."""
+    return any(r["config"]["cache"] == "adaptive" or r["config"].get("refresh_interval") for r in run["results"])
+
+
+def plot_caches(run: dict, path: str) -> None:
+    """Accuracy against cost for each cache of each commit policy (one row of panels per policy):
+    positions recomputed per request (batch-invariant, like the accuracy: the first batch size),
+    then tokens/s at each batch size. The fixed-interval family (no cache = a refresh every step,
+    DualCache with refresh intervals, DualCache) is a line, every other cache a labelled point; the
+    shaded box is issue 13's target: at least 75 % of DualCache's loss against no cache won back
+    for at most 25 % more positions than DualCache."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in run["results"] if r["config"]["policy"] != "ar" and r["config"].get("model") != "block"
+            and "positions_per_request" in r]
+    if not rows:
+        return
+    batches = sorted({r["config"]["batch"] for r in rows})
+    key = lambda r: (r["config"]["policy"], r["config"]["knob"], r["config"]["block_length"])  # noqa: E731
+    policies = list(dict.fromkeys(key(r) for r in rows))
+    fig, axes = plt.subplots(len(policies), 1 + len(batches), figsize=(5.2 * (1 + len(batches)), 4.4 * len(policies)),
+                             squeeze=False)
+    for row_axes, (policy, knob, blk) in zip(axes, policies):
+        mine = [r for r in rows if key(r) == (policy, knob, blk)]
+        panels = [("positions_per_request", batches[0], "positions recomputed per request (lower is cheaper)")]
+        panels += [("tokens_per_s", b, f"generated tokens/s at batch {b} (higher is faster)") for b in batches]
+        for ax, (metric, batch, xlabel) in zip(row_axes, panels):
+            here = [r for r in mine if r["config"]["batch"] == batch]
+            fixed = sorted((r for r in here if r["config"]["cache"] in ("none", "dual")),
+                           key=lambda r: r["positions_per_request"])  # in order of refresh frequency
+            ax.plot([r[metric] for r in fixed], [100 * r["accuracy"] for r in fixed], "o-", color="0.4",
+                    label="fixed intervals (DualCache, rN, none)")
+            none = next((r for r in here if r["config"]["cache"] == "none"), None)
+            dual = next((r for r in here if r["config"]["cache"] == "dual" and not r["config"].get("refresh_interval")),
+                        None)
+            if metric == "positions_per_request" and none and dual and none["accuracy"] > dual["accuracy"]:
+                floor = 100 * (dual["accuracy"] + 0.75 * (none["accuracy"] - dual["accuracy"]))
+                ax.fill_between([dual[metric] * 0.98, 1.25 * dual[metric]], floor, 100 * none["accuracy"] + 1,
+                                color="tab:green", alpha=0.08, label="target (issue 13)")
+            for j, r in enumerate(here):
+                c = r["config"]
+                tag = r["label"].split(f"={knob:g} ", 1)[-1].rsplit(" blk", 1)[0]
+                if c["cache"] not in ("none", "dual"):
+                    ax.scatter([r[metric]], [100 * r["accuracy"]], marker="D" if c["cache"] == "adaptive" else "s",
+                               s=30, zorder=3)
+                ax.annotate(tag, (r[metric], 100 * r["accuracy"]), fontsize=7, xytext=(4, -3 + 7 * (j % 2)),
+                            textcoords="offset points")
+            ax.set(xlabel=xlabel, ylabel="exact match / validity (%)", title=f"{policy} {knob:g}, blocks of {blk}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    c = run["context"]
+    fig.suptitle(f"Refresh rules: {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
+                 f"({c.get('gpu') or c['cpu']}, {run['dtype']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -51,6 +51,7 @@ class Measured:
             "nfe_per_request": self.row_forwards / n,
             "tau": self.tokens / max(self.row_forwards, 1),
             "G": self.positions / max(self.row_forwards, 1),
+            "positions_per_request": self.positions / n,
             "tokens_per_s": self.tokens / self.seconds,
             "latency_ms": {f"p{q}": 1e3 * percentile(self.latencies, q) for q in (50, 95, 99)},
             "ms_per_step": 1e3 * self.seconds / max(self.steps, 1),

@@ -6,6 +6,12 @@ the next forward recomputes and whether it refreshes the cache. One small class 
 - prefix: a refresh (full forward that also proposes and commits) at the block start and every
           `refresh_interval` steps; other steps recompute [s, L) against cached K/V of [0, s).
 - dual:   like prefix, but other steps recompute only [s, e); the masked suffix is cached too.
+- adaptive: DualCache's windows, but a row refreshes when it has committed `refresh_tokens`
+          tokens since its last full forward (the cached K/V were computed before those tokens
+          existed; commit-time diagnostics show disagreement with a fresh forward grows with
+          them), besides the block start (and every `refresh_interval` steps if given). Rows
+          decide alone: a row that refreshes runs in the step's full forward while the others
+          keep their cached window (the request engine runs it; see docs/decoding.md).
 - exact:  block-diffusion models only (config bd_size): a finished block never sees a later one, so
           its K/V are final once computed with its final tokens. One prefill (prompt and first
           block), then each step the open block only; the step after a block completes also
@@ -96,6 +102,42 @@ class DualCache(PrefixCache):
 
     def window_end(self, e: int, length: int) -> int:
         return e
+
+
+@register
+@dataclass(frozen=True)
+class AdaptiveCache(DualCache):
+    """DualCache whose rows refresh when a cheap signal says the cache matters:
+    - refresh_tokens N: the row's next forward is a full one once it has committed N tokens since
+      its last full forward (planned before the step);
+    - refresh_below c: a cached step that would commit a token whose cached probability is below
+      c commits nothing from it; the row recomputes the step with a full forward in the same
+      engine step and commits from that (the window is wasted: two forwards, both counted).
+    Either, both, or neither given (then DEFAULT_TRIGGER). What a triggered refresh recomputes
+    (`refresh_scope`): "canvas", a full forward (with a trigger that fires every step the decode
+    is exactly `none`'s), or "suffix", the block and the masked suffix against the prefix K/V of
+    the block start (with a trigger that fires every step: exactly PrefixCache's decode). The
+    block start and `refresh_interval` steps are full refreshes either way. The signals live in
+    the request engine's rows, so only the engine runs this policy."""
+
+    name: ClassVar[str] = "adaptive"
+    adaptive: ClassVar[bool] = True
+    SCOPES: ClassVar[tuple[str, ...]] = ("suffix", "canvas")
+    DEFAULT_TRIGGER: ClassVar[dict] = {"refresh_below": 0.8}
+    refresh_tokens: int | None = None
+    refresh_below: float | None = None
+    refresh_scope: str = "suffix"
+
+    @classmethod
+    def from_params(cls, p: Any) -> "AdaptiveCache":
+        scope = p.refresh_scope or cls.refresh_scope
+        if p.refresh_tokens is None and p.refresh_below is None:
+            return cls(p.refresh_interval, refresh_scope=scope, **cls.DEFAULT_TRIGGER)
+        return cls(p.refresh_interval, p.refresh_tokens, p.refresh_below, scope)
+
+    def plan(self, step: int, s: int, e: int, length: int, shift: int = 0) -> ForwardPlan:
+        raise NotImplementedError("the adaptive cache's refresh depends on what each row committed; the request "
+                                  "engine plans it (unmask.engine.engine)")
 
 
 def make_cache_policy(p: Any):

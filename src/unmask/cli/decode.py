@@ -152,6 +152,7 @@ def cmd_diagnose(a: argparse.Namespace) -> int:
 
         write_json_atomic(a.out, report)
         diagnose.plot(report["summary"], str(Path(a.out).with_suffix(".png")))
+        diagnose.plot_calibration({"this decode": report["summary"]}, str(Path(a.out).with_suffix(".calibration.png")))
     print(json.dumps(report["summary"] if not a.json else report, indent=None if a.json else 2))
     return 0
 

@@ -33,7 +33,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     refresh = parse_ints("refresh", pick("refresh"), minimum=0)
     blocks, batches = parse_ints("blocks", pick("blocks")), parse_ints("batches", pick("batches"))
     gens = parse_ints("gens", a.gens) if a.gens else None
-    from unmask.bench.report import format_headline, format_table, headline, plot_pareto
+    from unmask.bench.report import cache_study, format_headline, format_table, headline, plot_caches, plot_pareto
     from unmask.bench.runner import run_grid, with_ar_twin
     from unmask.llm import LLM
 
@@ -73,6 +73,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     run["headline"] = headline(run)
     write_json_atomic(path, {**run, "complete": True})
     plot_pareto(run, str(path.with_suffix(".png")))
+    if cache_study(run):
+        plot_caches(run, str(path.with_suffix(".caches.png")))
     print(format_table(run))
     print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
     print(f"wrote {path} and .png", file=sys.stderr)
@@ -118,7 +120,9 @@ def add_parsers(sub) -> dict:
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     b.add_argument("--quick", action="store_true", help="a few-minute preset")
     b.add_argument("--policies", default=None, help="policy:knob list, e.g. fixed:1,threshold:0.9,entropy:0.5")
-    b.add_argument("--caches", default=None, help="cache policies, e.g. none,dual")
+    b.add_argument("--caches", default=None,
+                   help="cache policies, e.g. none,dual,dual:r2,adaptive:p0.9 (an entry's own settings: rN a refresh "
+                        "every N steps; the adaptive cache's tN, pC, canvas|suffix)")
     b.add_argument("--refresh", default=None, help="refresh intervals, 0 = only at block starts")
     b.add_argument("--blocks", default=None, help="block lengths")
     b.add_argument("--gens", default=None, help="generation lengths (default: the model's)")

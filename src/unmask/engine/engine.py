@@ -148,6 +148,7 @@ class _Rows:
         self.L, self.P, self.blk, self.spb, self.tps = z(), z(), z(), z(), z()
         self.s, self.e, self.kvx = z(), z(), z()  # the open block [s, e); K/V exact before column kvx
         self.block, self.step, self.cfg = z(), z(), z()
+        self.since = z()  # tokens committed since the row's last full forward (the adaptive cache's trigger)
         self.cached = torch.zeros(0, dtype=torch.bool, device=device)  # the row's cache policy keeps KV
         self.exact = torch.zeros(0, dtype=torch.bool, device=device)  # ... exact K/V of finished blocks
         self.early = torch.zeros(0, dtype=torch.bool, device=device)  # the row stops at its end of text
@@ -199,6 +200,7 @@ class _Rows:
         self.s, self.e = torch.cat([self.s, t(P)]), torch.cat([self.e, t(e)])
         self.kvx = torch.cat([self.kvx, t(P // align * align if align else 0)])
         self.block, self.step, self.cfg = torch.cat([self.block, t(0)]), torch.cat([self.step, t(0)]), torch.cat([self.cfg, t(cfg_id)])
+        self.since = torch.cat([self.since, t(0)])
         if self.quota.shape[1] < smax:
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.quota.shape[0], smax - self.quota.shape[1])], 1)
         self.quota = torch.cat([self.quota, self.quota.new_zeros(1, self.quota.shape[1])])
@@ -222,7 +224,7 @@ class _Rows:
         idx = keep.tolist()
         self.reqs = [self.reqs[i] for i in idx]
         self.settings = [self.settings[i] for i in idx]
-        for name in ("x", "pos", "L", "P", "blk", "spb", "tps", "s", "e", "kvx", "block", "step", "cfg", "quota",
+        for name in ("x", "pos", "L", "P", "blk", "spb", "tps", "s", "e", "kvx", "block", "step", "cfg", "since", "quota",
                      "cached", "early", "exact"):
             setattr(self, name, getattr(self, name)[keep])
         if self.k is not None:
@@ -291,6 +293,7 @@ class Engine:
         self.trace: list[ForwardRecord] = []
         self._ids = itertools.count()
         self._watching = 0  # watched requests in the engine (their rows cost one transfer per step)
+        self._verifying = False  # a running setting's adaptive cache checks its cached commits (refresh_below)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every step, changes none
 
     # --- requests --------------------------------------------------------------------------------
@@ -369,7 +372,9 @@ class Engine:
         if r.n == 0:
             return []
         shift = self.shift
-        refresh, start, end = self._plan()
+        self._verifying = any(getattr(self.parts_by_cfg[c].cache, "refresh_below", None) is not None
+                              for c in set(r.settings))
+        refresh, start, end, fired = self._plan()
         s, e = r.s, r.e
         # a full forward covers the canvas; a block model's prefill only the prompt and first block
         full_len = torch.where(r.exact, end, r.L)
@@ -390,8 +395,23 @@ class Engine:
             torch.where(run & ~refresh, width, 0).sum(), torch.where(run & refresh, width, 0).sum(),
             commit_kv.sum()]).tolist()
         committed = torch.zeros(r.n, dtype=torch.long, device=self.device)
-        for kind, rows, count, positions in (("window", run & ~refresh, n_win, pos_win),
-                                             ("full", run & refresh, n_full, pos_full)):
+        redo = torch.zeros(r.n, dtype=torch.bool, device=self.device)
+        forwards = [("window", run & ~refresh, n_win, pos_win), ("full", run & refresh, n_full, pos_full)]
+        for i_fwd in itertools.count():
+            if i_fwd == len(forwards):
+                break
+            kind, rows, count, positions = forwards[i_fwd]
+            if i_fwd == 1 and self._verifying and bool(redo.any()):
+                # rows whose cached step doubted its commit recompute the step: the whole canvas in
+                # the full forward, or (scope suffix) the block and masked suffix in one more window
+                suffix = redo & self._scope_suffix()
+                rows = rows | (redo & ~suffix)
+                end = torch.where(suffix, r.L, end)
+                count, positions, n_suffix, pos_suffix = torch.stack([
+                    rows.sum(), torch.where(rows, full_len, 0).sum(), suffix.sum(),
+                    torch.where(suffix, r.L - start, 0).sum()]).tolist()
+                if n_suffix:
+                    forwards.append(("window", suffix, n_suffix, pos_suffix))
             if count == 0:
                 continue
             all_rows = count == r.n
@@ -400,17 +420,20 @@ class Engine:
             if self.observer is not None:  # the exact logits of the same canvas, before this step's commits
                 fresh = self._fresh(idx, s, shift, W)
             logits = self._forward(kind, idx, start, end, s, shift, W, all_rows)
-            n = self._commit(idx, logits, s, W)
+            n, doubt = self._commit(idx, logits, s, W, verify=i_fwd == 0 and self._verifying)
             committed[idx] = n
+            if doubt is not None:
+                redo[idx] = doubt
             if self.observer is not None:
                 self.observer.observe(self, kind, idx, s, W, logits, fresh, self._last_commit)
             label = "commit" if kind == "window" and n_commit else kind
             self.trace.append(ForwardRecord(label, count, positions / count, n.sum(), time.perf_counter() - t0,
                                             n_commit if label == "commit" else 0))
+        r.since = torch.where(run, torch.where(refresh | fired | redo, 0, r.since) + committed, r.since)
         if self.align:  # K/V is exact up to the open block once a forward has computed it
             r.kvx = torch.where(run & r.exact, s // self.align * self.align, r.kvx)
-        outputs = self._advance(run, s, e, committed, commit_kv)
-        for rec in self.trace[-2:]:  # committed counts are read with the step's bookkeeping
+        outputs = self._advance(run, s, e, committed, commit_kv, redo)
+        for rec in self.trace[-3:]:  # committed counts are read with the step's bookkeeping
             if isinstance(rec.committed, torch.Tensor):
                 rec.committed = int(rec.committed)
         return outputs
@@ -437,6 +460,7 @@ class Engine:
         shift = self.shift
         s = r.s
         refresh = torch.ones(r.n, dtype=torch.bool, device=self.device)
+        fired = torch.zeros_like(refresh)  # an adaptive cache's token trigger refreshed the row (any scope)
         start, end = torch.zeros_like(s), r.L.clone()
         for cfg in sorted(set(r.settings)):
             rows = r.cfg == cfg
@@ -457,10 +481,24 @@ class Engine:
                 fresh = fresh & (r.block == 0)
             if ri is not None:
                 fresh = fresh | (r.step % ri == 0)
+            window_end = cache.window_end(r.e, r.L)
+            if getattr(cache, "refresh_tokens", None) is not None:  # stale: tokens committed since the last refresh
+                trig = (r.since >= cache.refresh_tokens) & ~fresh
+                fired = fired | (rows & trig)
+                if cache.refresh_scope == "canvas":
+                    fresh = fresh | trig
+                else:  # recompute the block and the masked suffix against the block start's prefix K/V
+                    window_end = torch.where(trig, r.L, window_end)
             refresh = torch.where(rows, fresh, refresh)
             start = torch.where(rows, s - shift, start)
-            end = torch.where(rows, cache.window_end(r.e, r.L), end)
-        return refresh, start, end
+            end = torch.where(rows, window_end, end)
+        return refresh, start, end, fired
+
+    def _scope_suffix(self) -> torch.Tensor:
+        """Rows whose adaptive cache refreshes only the block and the masked suffix."""
+        r = self.rows
+        cfgs = [c for c in set(r.settings) if getattr(self.parts_by_cfg[c].cache, "refresh_scope", None) == "suffix"]
+        return torch.isin(r.cfg, torch.tensor(cfgs, dtype=torch.long, device=self.device))
 
     def _forward(self, kind: str, idx: torch.Tensor, start, end, s, shift: int, W: int, all_rows: bool) -> torch.Tensor:
         """Logits (B, W, V) for each row's block columns [s, s + W) (W = the widest block; columns
@@ -502,8 +540,11 @@ class Engine:
         logits = self.model(r.x[idx, :Lmax], r.pos[idx, :Lmax], rec, 0, key_mask, hidden)
         return logits, rec
 
-    def _commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int) -> torch.Tensor:
-        """Propose, select and write for rows `idx`; returns tokens committed per row."""
+    def _commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool = False):
+        """Propose, select and write for rows `idx`; returns tokens committed per row, and with
+        `verify` (a cached window forward) the rows whose adaptive cache doubts this step: it would
+        commit a token with cached probability below the cache's `refresh_below`. Those rows commit
+        nothing here; the step recomputes them with a full forward (a refresh)."""
         r = self.rows
         ar = torch.arange(W, device=self.device)[None, :]
         valid = ar < (r.e - s)[idx, None]
@@ -512,6 +553,7 @@ class Engine:
         cand = (x.gather(1, cols) == self.mask) & valid
         tokens = torch.zeros_like(cols)
         commit = torch.zeros_like(cand)
+        doubt = torch.zeros(idx.numel(), dtype=torch.bool, device=self.device)
         cfgs = r.cfg[idx]
         distinct = sorted(set(r.settings))
         for cfg in distinct:
@@ -530,6 +572,10 @@ class Engine:
                 quota = torch.where(over, cand[sel].sum(-1), q)
             # native policies ignore the step index (only Dream's compat policy reads it)
             c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
+            below = getattr(parts.cache, "refresh_below", None)
+            if verify and below is not None:
+                prob = torch.softmax(logits[sel].float(), -1).gather(-1, tok[..., None]).squeeze(-1)
+                doubt[sel] = (c & (prob < below)).any(-1)
             tokens[sel], commit[sel] = tok, c
         watched = [i for i, row in enumerate(idx.tolist()) if r.reqs[row].watch] if self._watching else []
         if watched:  # the playground's view: what each open position would become this step
@@ -539,12 +585,14 @@ class Engine:
                 req = r.reqs[int(idx[i])]
                 base = int(s[idx[i]]) - int(r.P[idx[i]])
                 req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
+        if verify:
+            commit = commit & ~doubt[:, None]
         self._last_commit = (commit, tokens, cand)
         new = torch.where(commit, tokens, x.gather(1, cols))
         x.scatter_(1, cols, new)
         x[:, r.cap] = r.pad_id
         r.x[idx] = x
-        return commit.sum(-1)
+        return commit.sum(-1), (doubt if verify else None)
 
     def _propose(self, parts: DecodeParts, idx: torch.Tensor, logits: torch.Tensor):
         """Proposals for rows of one setting: batched, except that a row with its own random
@@ -566,7 +614,7 @@ class Engine:
         return tokens, score, ent
 
     def _advance(self, run: torch.Tensor, s: torch.Tensor, e: torch.Tensor, committed: torch.Tensor,
-                 commit_kv: torch.Tensor) -> list[StepOutput]:
+                 commit_kv: torch.Tensor, redo: torch.Tensor) -> list[StepOutput]:
         """Per-row bookkeeping after the forwards: steps, block ends, finished rows, streaming."""
         r = self.rows
         cols = torch.arange(r.cap + 1, device=self.device)[None, :]
@@ -591,20 +639,21 @@ class Engine:
         if bool(advance.any()):
             r.start_blocks(advance.nonzero().squeeze(-1))
         stuck = run & block_open & (committed == 0)
-        info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), commit_kv.long()], 1).tolist()
-        grew = [i for i, (ran, _, pre, _, _, _) in enumerate(info)
+        info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), commit_kv.long(), redo.long()],
+                           1).tolist()
+        grew = [i for i, (ran, _, pre, _, _, _, _) in enumerate(info)
                 if ran and (pre > r.reqs[i].committed or r.reqs[i].watch)]
         rows_x = dict(zip(grew, r.x[grew].tolist())) if grew else {}  # one transfer for every row that grew
         now = time.perf_counter()
         outputs = []
-        for i, (req, (ran, n, pre, fin, bad, ckv)) in enumerate(zip(list(r.reqs), info)):
+        for i, (req, (ran, n, pre, fin, bad, ckv, again)) in enumerate(zip(list(r.reqs), info)):
             if bad:
                 raise RuntimeError(f"request {req.id}: a step committed nothing while its block is open (policy bug)")
             if not ran:
                 continue
-            req.nfe += 1
+            req.nfe += 1 + again  # a doubted cached step ran twice: its window, then a full forward
             req.commit_forwards += ckv
-            req.commits.append(n)
+            req.commits += [0, n] if again else [n]
             req.started = req.started or now
             new_ids, canvas = [], None
             if i in rows_x:
@@ -639,5 +688,6 @@ class Engine:
 def _setting(p: GenerationParams) -> tuple:
     """Rows with equal settings share one proposal and one commit policy call."""
     return (p.policy, p.remasking, p.confidence, p.threshold, p.factor, p.gamma, p.budget, p.cache,
-            p.refresh_interval, p.temperature, p.top_k, p.top_p, p.seed is not None, p.early_stop,
+            p.refresh_interval, p.refresh_tokens, p.refresh_below, p.refresh_scope,
+            p.temperature, p.top_k, p.top_p, p.seed is not None, p.early_stop,
             p.block_length, p.total_steps)

@@ -46,6 +46,9 @@ class _Common(BaseModel):
     budget: float | None = None
     cache: str | None = None
     refresh_interval: int | None = None
+    refresh_tokens: int | None = None
+    refresh_below: float | None = None
+    refresh_scope: str | None = None
     top_k: int | None = None
     ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
 
@@ -64,7 +67,8 @@ class _Common(BaseModel):
         out = {"gen_length": length, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
                "early_stop": False if self.ignore_eos else None}
         for name in ("block_length", "steps", "policy", "remasking", "confidence", "threshold", "factor", "gamma",
-                     "budget", "cache", "refresh_interval", "top_k"):
+                     "budget", "cache", "refresh_interval", "refresh_tokens", "refresh_below",
+                     "refresh_scope", "top_k"):
             out[name] = getattr(self, name)
         return out
 
