@@ -72,6 +72,9 @@ def test_diagnose_command(capsys, tmp_path):
     assert out.with_suffix(".calibration.png").stat().st_size > 10_000
     assert set(summary["signal_auc"]) >= {"cache_age", "tokens_since_refresh", "one_minus_cached_prob"}
     assert 0 < summary["tokens_per_forward"] <= 8
+    cross = summary["by_cache_age_and_confidence"]
+    assert sum(v["n"] for bins in cross.values() for v in bins.values()) == summary["commits"]
+    assert all(v["rate"] == 0.0 and v["mean_confidence_shift"] < 1e-4 for v in cross["0"].values())
     assert len(report["outcomes"]) == 8 and len(report["commits"]) == summary["commits"]
     assert main(["diagnose", "--model", "default-ar"]) == 2
 

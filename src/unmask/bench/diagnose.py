@@ -119,11 +119,14 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
     commits = obs.commits
     by_age, by_bin, by_pos, by_since = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     shift_by_age = defaultdict(list)
+    by_age_bin = defaultdict(lambda: defaultdict(list))  # age -> confidence bin -> (disagrees, |shift|)
     for c in commits:
         by_age[c.cache_age].append(not c.agree)
         shift_by_age[c.cache_age].append(abs(c.cached_conf - c.fresh_conf))
         b = next(i for i in range(len(CONF_BINS) - 1) if CONF_BINS[i] <= c.cached_conf < CONF_BINS[i + 1])
-        by_bin[(c.cache_age > 0, f"[{CONF_BINS[b]:g}, {min(CONF_BINS[b + 1], 1):g})")].append(not c.agree)
+        label = f"[{CONF_BINS[b]:g}, {min(CONF_BINS[b + 1], 1):g})"
+        by_bin[(c.cache_age > 0, label)].append(not c.agree)
+        by_age_bin[c.cache_age][label].append((not c.agree, abs(c.cached_conf - c.fresh_conf)))
         by_pos[c.in_block].append(not c.agree)
         if c.cache_age > 0:
             by_since[c.since_refresh].append(not c.agree)
@@ -149,6 +152,9 @@ def summarise(obs: Observer, outcome: dict[str, dict]) -> dict:
         "mean_confidence_shift_by_cache_age": {a: sum(v) / len(v) for a, v in sorted(shift_by_age.items())},
         "disagreement_by_cached_step_and_confidence": {f"{'cached' if k[0] else 'exact'} {k[1]}": _rate(f)
                                                         for k, f in sorted(by_bin.items())},
+        "by_cache_age_and_confidence": {
+            a: {b: {**_rate([d for d, _ in v]), "mean_confidence_shift": sum(x for _, x in v) / len(v)}
+                for b, v in sorted(bins.items())} for a, bins in sorted(by_age_bin.items())},
         "disagreement_by_position_in_block": {p: _rate(f) for p, f in sorted(by_pos.items())},
         "drift_by_cache_age": {a: {layer: {"key": sum(k for k, _ in v) / len(v), "value": sum(x for _, x in v) / len(v)}
                                    for layer, v in sorted(layers.items())} for a, layers in sorted(drift.items())},
