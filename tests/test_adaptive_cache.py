@@ -134,3 +134,15 @@ def test_block_models_refuse_the_adaptive_cache(tmp_path):
     llm = LLM(write_sdar(tmp_path / "sdar"))
     with pytest.raises(UnmaskError, match="cache 'adaptive' approximates"):
         llm.generate([[1, 2, 3]], GenerationParams(gen_length=8, block_length=4, cache="adaptive"))
+
+
+def test_defaults_and_implied_cache():
+    """No trigger given: refresh below 0.9, scope suffix. A trigger alone names the cache."""
+    from unmask.cache.policy import make_cache_policy
+    from unmask.params import resolve_params
+
+    cache = make_cache_policy(GenerationParams(gen_length=16, block_length=8, cache="adaptive").check())
+    assert (cache.refresh_below, cache.refresh_tokens, cache.refresh_scope) == (0.9, None, "suffix")
+    assert resolve_params({"refresh_tokens": 3}).cache == "adaptive"
+    with pytest.raises(UnmaskError, match="refresh_below 0.5 is a trigger of the adaptive cache"):
+        resolve_params({"refresh_below": 0.5, "cache": "prefix"})

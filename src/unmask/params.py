@@ -69,7 +69,7 @@ class GenerationParams:
     refresh_tokens: int | None = _param(None, "adaptive cache: refresh once N tokens were committed since the cached "
                                         "K/V were computed", _positive_int)
     refresh_below: float | None = _param(None, "adaptive cache: a cached step that would commit a token with "
-                                         "probability below this is recomputed (default 0.8)", _interval(0, 1))
+                                         "probability below this is recomputed (default 0.9)", _interval(0, 1))
     refresh_scope: str | None = _param(None, "adaptive cache: what a triggered refresh recomputes: suffix (the block "
                                        "and the masked suffix, default) or canvas (a full forward)",
                                        _choices(("suffix", "canvas")))

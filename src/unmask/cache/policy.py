@@ -123,7 +123,7 @@ class AdaptiveCache(DualCache):
     name: ClassVar[str] = "adaptive"
     adaptive: ClassVar[bool] = True
     SCOPES: ClassVar[tuple[str, ...]] = ("suffix", "canvas")
-    DEFAULT_TRIGGER: ClassVar[dict] = {"refresh_below": 0.8}
+    DEFAULT_TRIGGER: ClassVar[dict] = {"refresh_below": 0.9}
     refresh_tokens: int | None = None
     refresh_below: float | None = None
     refresh_scope: str = "suffix"
