@@ -13,6 +13,8 @@ One engine step:
    first (a cached step costs its window, O(block)), then full rows (O(canvas)), oldest first;
    the first row always runs. A long refresh therefore never delays short cached steps beyond
    the forward they share; what does not fit waits for the next step (measured in `unmask bench serve`).
+   An adaptive-cache row that doubts its cached step (refresh_below) is recomputed in the same
+   step; that recomputation is not counted against the budget (the row was admitted with its window).
 4. One forward for the full rows (right-padded canvases, padding masked out of attention) and one
    for the window rows (each row's own window and its own KV rows, aligned by a per-row start).
 5. Proposals and commits per distinct setting among the rows (a few groups, not one per row),
