@@ -88,7 +88,34 @@ def main() -> int:
     diagnose.plot_calibration(picked, str(out / "reliability-reference.png"), "reference")
     diagnose.plot_calibration(picked, str(out / "reliability-gold.png"), "gold")
     plot_rules(rows, str(out / "budget-vs-threshold.png"))
+    plot_grid(summaries, str(out / "reliability-all.png"))
     return 0
+
+
+def plot_grid(summaries: dict[str, dict], path: str) -> None:
+    """A reliability diagram for every setting (rows) and commit score (columns), against the
+    reference decode and against gold, with each curve's ECE."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(summaries), len(diagnose.SCORES), figsize=(11, 2.3 * len(summaries)), squeeze=False)
+    for row, (label, summary) in zip(axes, summaries.items()):
+        for ax, name in zip(row, diagnose.SCORES):
+            ax.plot([0, 1], [0, 1], color="0.7", lw=1)
+            for event, style in (("reference", "o-"), ("gold", "s--")):
+                cal = summary["calibration"][name][event]
+                pts = [r for r in cal["reliability"] if r["n"] >= 5]
+                ax.plot([r["confidence"] for r in pts], [r["accuracy"] for r in pts], style, ms=2.5,
+                        label=f"{event} (ECE {cal['ece']:.3f})")
+            ax.set(xlim=(0, 1), ylim=(0, 1.02), title=f"{label}: {name}")
+            ax.title.set_fontsize(8)
+            ax.tick_params(labelsize=6)
+            ax.legend(fontsize=6, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def plot_rules(rows: list[dict], path: str) -> None:
