@@ -399,10 +399,7 @@ class Engine:
         committed = torch.zeros(r.n, dtype=torch.long, device=self.device)
         redo = torch.zeros(r.n, dtype=torch.bool, device=self.device)
         forwards = [("window", run & ~refresh, n_win, pos_win), ("full", run & refresh, n_full, pos_full)]
-        for i_fwd in itertools.count():
-            if i_fwd == len(forwards):
-                break
-            kind, rows, count, positions = forwards[i_fwd]
+        for i_fwd, (kind, rows, count, positions) in enumerate(forwards):  # a recomputation may append one
             if i_fwd == 1 and self._verifying and bool(redo.any()):
                 # rows whose cached step doubted its commit recompute the step: the whole canvas in
                 # the full forward, or (scope suffix) the block and masked suffix in one more window
