@@ -15,7 +15,6 @@ Random weights: the tokens are meaningless, only the time is measured. Writes JS
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ from unmask.bench.roofline import ModelCost, Roofline, measure_cpu  # noqa: E402
 from unmask.bench.runner import context  # noqa: E402
 from unmask.engine.engine import Engine  # noqa: E402
 from unmask.models.llada import LLaDAModel  # noqa: E402
+from unmask.files import writable_folder, write_json_atomic  # noqa: E402
 from unmask.params import GenerationParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -116,8 +116,8 @@ def main() -> None:
     result = {"benchmark": "block_long_prompt", "context": context(), "setup": setup, "hardware_measured": hw.__dict__,
               "results": rows, "speedup_block_vs_dual": speedups, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    writable_folder(out.parent, "output folder")
+    write_json_atomic(out, result)
     print(f"wrote {out}")
 
 

@@ -13,7 +13,6 @@ tokenisation. Writes JSON (default benchmarks/results/step_time_cpu.json) and pr
 """
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -28,6 +27,7 @@ from unmask.bench.runner import context  # noqa: E402
 from unmask.engine import decode  # noqa: E402
 from unmask.models.base import ArchConfig, TokenIds  # noqa: E402
 from unmask.models.llada import LLaDAModel  # noqa: E402
+from unmask.files import writable_folder, write_json_atomic  # noqa: E402
 from unmask.params import GenerationParams  # noqa: E402
 
 VOCAB = 512
@@ -139,8 +139,8 @@ def main() -> None:
               "results": rows, "dual_scaling": scaling, "peak_rss_mib": peak,
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    writable_folder(out.parent, "output folder")
+    write_json_atomic(out, result)
     print(f"\npeak RSS {peak:.0f} MiB; wrote {out}")
 
 

@@ -543,7 +543,7 @@ class Engine:
         """Propose, select and write for rows `idx`; returns tokens committed per row, and with
         `verify` (a cached window forward) the rows whose adaptive cache doubts this step: it would
         commit a token with cached probability below the cache's `refresh_below`. Those rows commit
-        nothing here; the step recomputes them with a full forward (a refresh)."""
+        nothing here; the step recomputes them (a full forward, or block and masked suffix)."""
         r = self.rows
         ar = torch.arange(W, device=self.device)[None, :]
         valid = ar < (r.e - s)[idx, None]
@@ -573,7 +573,8 @@ class Engine:
             c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
             below = getattr(parts.cache, "refresh_below", None)
             if verify and below is not None:
-                prob = torch.softmax(logits[sel].float(), -1).gather(-1, tok[..., None]).squeeze(-1)
+                lg = logits[sel].float()  # the probability of each proposed token, without a full softmax
+                prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
                 doubt[sel] = (c & (prob < below)).any(-1)
             tokens[sel], commit[sel] = tok, c
         watched = [i for i, row in enumerate(idx.tolist()) if r.reqs[row].watch] if self._watching else []
