@@ -153,13 +153,16 @@ QWEN_TEMPLATE = (
 )
 
 
-def _write_qwen_block(folder: Path, cfg: dict, mask: str, tensors_fn, seed: int, shards: int) -> Path:
+def _write_qwen_block(folder: Path, cfg: dict, mask: str, tensors_fn, seed: int, shards: int,
+                      config_pad: str = "<|endoftext|>") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = _write_tokenizer(folder, QWEN_BLOCK_SPECIALS + [mask])
     cfg = {**cfg, "vocab_size": len(vocab), "eos_token_id": vocab["<|im_end|>"], "bos_token_id": vocab["<|endoftext|>"],
-           "pad_token_id": vocab["<|endoftext|>"]}
+           "pad_token_id": vocab[config_pad]}
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [vocab["<|im_end|>"], vocab["<|endoftext|>"]]}))
+    gen = {"bos_token_id": vocab["<|endoftext|>"], "do_sample": False,
+           "eos_token_id": [vocab["<|im_end|>"], vocab["<|endoftext|>"]], "pad_token_id": vocab["<|endoftext|>"]}
+    (folder / "generation_config.json").write_text(json.dumps(gen))
     tok_cfg = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": QWEN_TEMPLATE,
                "tokenizer_class": "Qwen2Tokenizer"}
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
@@ -171,19 +174,26 @@ def _write_qwen_block(folder: Path, cfg: dict, mask: str, tensors_fn, seed: int,
 
 
 def write_fast_dllm_v2(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, bd_size=8, seed=0, shards=2) -> Path:
-    """Fast-dLLM v2's layout (Efficient-Large-Model/Fast_dLLM_v2_7B): Qwen2.5 keys with q/k/v biases,
-    bd_size in config.json, the mask token `|<MASK>|` found in the tokenizer (no mask_token_id)."""
+    """Fast-dLLM v2's layout (Efficient-Large-Model/Fast_dLLM_v2_7B) with the release's quirks: Qwen2.5
+    keys with q/k/v biases, bd_size in config.json, the mask token `|<MASK>|` found in the tokenizer
+    (no mask_token_id), config.json's pad_token_id equal to the stop token `<|im_end|>` while the
+    tokenizer's pad is `<|endoftext|>`, the release's misspelt `conplemenrary_mask` and its
+    `layer_types` / `max_window_layers` (tests/data/fast-dllm-v2-upstream/tiny has the same keys)."""
     cfg = {
         "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen",
-        "auto_map": {"AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+        "auto_map": {"AutoConfig": "configuration.Fast_dLLM_QwenConfig", "AutoModel": "modeling.Fast_dLLM_QwenModel",
                      "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM"},
-        "bd_size": bd_size, "hidden_size": d, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "intermediate_size": ff, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "hidden_act": "silu",
-        "use_sliding_window": False, "sliding_window": 131072, "rope_scaling": None, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "bd_size": bd_size, "conplemenrary_mask": True, "hidden_size": d,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "intermediate_size": ff, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "initializer_range": 0.02,
+        "layer_types": ["full_attention"] * layers, "max_window_layers": layers,
+        "max_position_embeddings": 32768, "tie_word_embeddings": False, "hidden_act": "silu", "use_cache": True,
+        "use_sliding_window": False, "sliding_window": None, "rope_scaling": None, "torch_dtype": "bfloat16",
+        "transformers_version": "4.53.1",
     }
     return _write_qwen_block(Path(folder), cfg, "|<MASK>|",
-                             lambda V, g: dream_tensors(V, d, layers, heads, kv_heads, ff, g), seed, shards)
+                             lambda V, g: dream_tensors(V, d, layers, heads, kv_heads, ff, g), seed, shards,
+                             config_pad="<|im_end|>")
 
 
 def sdar_tensors(vocab: int, d: int, layers: int, heads: int, kv_heads: int, hd: int, ff: int, gen, scale=0.3):

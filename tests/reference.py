@@ -452,6 +452,9 @@ def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tok
     past = None
     prefill_len = (min_len // bs) * bs if min_len > bs else 0  # only prompts longer than a block are prefilled
     seq_block = [int(n) // bs for n in seq_len]
+    # upstream's input_ids width: what it writes each block's x_t back into decides which rows
+    # take the commit forward's next token (see below)
+    width_in = input_ids.shape[1]
     if prefill_len > 0:
         logits, past, _ = model.forward(x[:, :prefill_len], 0, None, update_past_key_values=True)
         for r in alive:
@@ -462,6 +465,7 @@ def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tok
                 if int(seq_len[j]) == min_len:
                     if x.shape[1] == min_len:
                         x = torch.cat([x, torch.full((B, 1), mask_id)], 1)
+                        width_in = min_len + 1
                     x[j, min_len] = nxt[j]
     finished = [False] * B
     for blk in range(prefill_len // bs, num_blocks):
@@ -515,10 +519,16 @@ def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tok
         nxt = logits[:, -1].argmax(-1)
         if x.shape[1] == start + bs:
             x = torch.cat([x, torch.full((x.shape[0], 1), mask_id)], 1)
+        # upstream: `input_ids = x_t` when every row's block index is this block, or when input_ids
+        # is at most one column wider than the block (then every row takes the token, even a row
+        # whose prompt token sits there); otherwise only rows whose prompt ends in this block do
+        everyone = all(seq_block[r] == blk for r in alive) or width_in <= start + bs + 1
+        if everyone:
+            width_in = start + bs + 1
         for j, r in enumerate(alive):
             if finished[r]:
                 x[j, start + bs] = pad_token_id
-            elif seq_block[r] == blk:  # a row whose prompt runs past the block keeps its token
+            elif everyone or seq_block[r] == blk:
                 x[j, start + bs] = nxt[j]
         for r in alive:
             if seq_block[r] == blk:

@@ -275,6 +275,11 @@ V2_PROMPTS = {
     # shortest prompt two blocks long: prefill, and its last logit proposes those rows' next token
     "aligned": [list(range(10, 26)), list(range(1, 22)), list(range(5, 21))],
     "unaligned": [list(range(10, 29)), list(range(1, 12))],
+    # upstream's width quirks: prompts filling the first block while a shorter row is still in it
+    # (they take the commit forward's next token), and a longest prompt one token past a block
+    # (upstream's `input_ids = x_t` overwrites that prompt token with the commit forward's token)
+    "boundary": [list(range(1, 9)), [3, 4, 5, 6, 7, 8], list(range(20, 28))],
+    "one-past": [list(range(1, 10)), [3, 4, 5]],
 }
 
 

@@ -21,7 +21,9 @@ TINY = dict(layers=2, d_model=64, heads=4, mlp=128, gen_length=10, batch=32, lr=
 @pytest.fixture(scope="module")
 def copy_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("copy_run")
-    cfg = TrainConfig(steps=1500, eval_every=1500, tasks={"copy": 1.0}, **TINY)  # about a minute
+    # 2000 steps: at 1500 the run sits on the edge where copy is learnt, which passes on some CPUs and
+    # not on others (seen: exact 0.03 at 1500, 0.84 at 2000 on an AMD EPYC); about a minute
+    cfg = TrainConfig(steps=2000, eval_every=2000, tasks={"copy": 1.0}, **TINY)
     summary = train(cfg, out, progress=False)
     return out, summary
 

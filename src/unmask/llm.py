@@ -281,6 +281,8 @@ def resolve_model_path(model: str | Path | None) -> Path:
     if model is not None and not isinstance(model, (str, Path)):
         raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar' or 'default-block'")
     name = "default" if model is None else str(model)
+    if isinstance(model, str) and not model.strip():
+        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or 'default', 'default-ar', 'default-block'")
     if name in EMBEDDED:
         path = EMBEDDED[name]
         if not (path / "config.json").exists():

@@ -165,7 +165,13 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> 
     eos_list = _ids(config.get("eos_token_id"), "config.json: eos_token_id") or _ids(tok.token_id(tok.special("eos_token")))
     if not eos_list:
         raise CheckpointError("no end-of-text token: config.json has no eos_token_id and tokenizer_config.json no eos_token")
-    pad = _ids(config.get("pad_token_id"), "config.json: pad_token_id") or _ids(tok.token_id(tok.special("pad_token")))
+    # the tokenizer's pad token first: it is what the references' eval scripts pass
+    # (`tokenizer.pad_token_id`), and released configs disagree with it (Fast-dLLM v2's config.json
+    # says pad_token_id 151645, its stop token; its tokenizer's pad is <|endoftext|> 151643)
+    pad = next((ids for ids in (_ids(tok.token_id(tok.special("pad_token"))),
+                                _ids(generation_config.get("pad_token_id"), "generation_config.json: pad_token_id"),
+                                _ids(config.get("pad_token_id"), "config.json: pad_token_id"))
+                if ids and ids[0] != mask), [])
     bos = _ids(config.get("bos_token_id"), "config.json: bos_token_id") or _ids(tok.token_id(tok.special("bos_token")))
     stop = set(eos_list) | set(_ids(generation_config.get("eos_token_id"), "generation_config.json: eos_token_id"))
     stop |= set(_ids(tok.token_id(tok.special("eos_token"))))

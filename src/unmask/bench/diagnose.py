@@ -7,6 +7,7 @@ import math
 from collections import defaultdict
 
 from unmask.bench.stats import wilson_interval
+from unmask.files import save_figure
 from unmask.engine.diagnostics import Observer
 from unmask.tasks import held_out, score
 
@@ -208,7 +209,7 @@ def plot(summary: dict, path: str) -> None:
     for i, key in enumerate(("with_a_disagreement", "without")):
         ax[3].text(i, vals[i] + 0.02, f"n={w[key]['n']}", ha="center", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -232,5 +233,5 @@ def plot_calibration(runs: dict[str, dict], path: str, event: str = "reference")
               ylim=(0, 1.02), title=name)
         a.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -31,7 +31,9 @@ class Problem:
 def load(split: str = "test", path: str | Path | None = None) -> list[Problem]:
     """The packaged copy (test split, few-shot pool), or `path`/{split}.jsonl of a full copy."""
     if path is not None:
-        file = Path(path) / f"{split}.jsonl"
+        from unmask.files import input_folder
+
+        file = input_folder(path, "--data", "folder holding train.jsonl and test.jsonl") / f"{split}.jsonl"
     else:
         file = DATA / ("gsm8k_test.jsonl" if split == "test" else "gsm8k_train_first8.jsonl")
     from unmask.errors import UnmaskError

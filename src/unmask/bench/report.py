@@ -1,5 +1,7 @@
 """Table and quality-speed Pareto plots for a benchmark run."""
 
+from unmask.files import save_figure
+
 
 def format_table(run: dict) -> str:
     """One row per configuration; `pred ms` is the roofline's time per step for this machine
@@ -119,7 +121,7 @@ def plot_pareto(run: dict, path: str) -> None:
     fig.suptitle(f"Quality vs speed, {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
                  f"({run['context'].get('gpu') or run['context']['cpu']}, {run['dtype']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -181,5 +183,5 @@ def plot_caches(run: dict, path: str) -> None:
     fig.suptitle(f"Refresh rules: {run['n_per_task']} held-out examples x {len(run['tasks'])} tasks "
                  f"({c.get('gpu') or c['cpu']}, {run['dtype']})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -21,6 +21,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from unmask.files import save_figure
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -209,11 +211,11 @@ def check_setup(prompt: int, gen: int, tau: float, block: int, batches: list[int
 
     for name, v in (("prompt", prompt), ("gen", gen), ("block", block)):
         if v < 1:
-            raise UnmaskError(f"{name} {v} must be a positive integer")
+            raise UnmaskError(f"--{name} {v} must be a positive integer")
     if not (math.isfinite(tau) and tau > 0):
-        raise UnmaskError(f"tau {tau} must be a finite number > 0")
+        raise UnmaskError(f"--tau {tau:g} must be a finite number > 0")
     if not batches or any(b < 1 for b in batches):
-        raise UnmaskError(f"batches {batches} must be positive integers")
+        raise UnmaskError(f"--batches {batches} must be positive integers")
 
 
 def predict(r: Roofline, prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> dict:
@@ -273,5 +275,5 @@ def plot_prediction(r: Roofline, p: dict, path: str) -> None:
            title=f"Roofline: {p['hardware']['name']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)

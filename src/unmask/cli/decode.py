@@ -133,28 +133,38 @@ def cmd_diagnose(a: argparse.Namespace) -> int:
     positive("n", a.n)
     positive("batch-size", a.batch_size)
     given_params(a)
+    plots = diagnose_outputs(a.out) if a.out is not None else ()  # checked before anything loads, created after
     llm = load_llm(a)
     if llm.arch.causal:
         raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
     params = params_for(llm, a, fast=True)
-    if a.out:
-        from pathlib import Path
-
-        from unmask.files import writable_folder
-
-        writable_folder(Path(a.out).parent, "output folder")  # before the decode, not after it
     report = diagnose.run(llm, params, tasks, a.n, a.batch_size)
     report["params"] = asdict(params)
-    if a.out:
-        from pathlib import Path
-
+    if a.out is not None:
         from unmask.files import write_json_atomic
 
         write_json_atomic(a.out, report)
-        diagnose.plot(report["summary"], str(Path(a.out).with_suffix(".png")))
-        diagnose.plot_calibration({"this decode": report["summary"]}, str(Path(a.out).with_suffix(".calibration.png")))
+        diagnose.plot(report["summary"], plots[0])
+        diagnose.plot_calibration({"this decode": report["summary"]}, plots[1])
     print(json.dumps(report["summary"] if not a.json else report, indent=None if a.json else 2))
     return 0
+
+
+def diagnose_outputs(out: str) -> tuple:
+    """`--out FILE`: the report as JSON at FILE, its two plots beside it (FILE with .png and
+    .calibration.png for its suffix). A folder, a path inside a file or an unwritable place is an
+    error before the decode starts."""
+    from pathlib import Path
+
+    from unmask.files import output_file
+
+    path = output_file(out, "--out")
+    if path.suffix.lower() == ".png":
+        raise UnmaskError(f"--out {out}: the report is JSON (the plots are written beside it as .png); "
+                          f"give a name such as {path.with_suffix('.json')}")
+    plots = (path.with_suffix(".png"), path.with_suffix(".calibration.png"))
+    output_file(path, "--out", beside=plots)
+    return plots
 
 
 def add_parsers(sub) -> dict:
@@ -199,7 +209,8 @@ def add_parsers(sub) -> dict:
     dg.add_argument("--n", type=int, default=50, help="examples per task")
     dg.add_argument("--batch-size", type=int, default=32)
     dg.add_argument("--out", default=None,
-                    help="write the whole report (every commit record) as JSON here, and the plots beside it (.png)")
+                    help="a file: write the whole report (every commit record) there as JSON, and the plots "
+                         "beside it (.png, .calibration.png); a folder is refused")
     add_model_args(dg, "print the whole report as one JSON object (default: the summary)")
     add_decoding_args(dg, FAST_TEXT)
     return {"generate": cmd_generate, "eval": cmd_eval, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval, "diagnose": cmd_diagnose}

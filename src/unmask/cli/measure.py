@@ -2,12 +2,13 @@
 
 import argparse
 import json
+import math
 import sys
 import time
 
 from unmask.cli.common import parse_tasks, positive, progress_bar
 from unmask.errors import UnmaskError
-from unmask.files import writable_folder, write_json_atomic
+from unmask.files import check_figure_path, output_folder, writable_folder, write_json_atomic
 from unmask.params import GenerationParams
 
 
@@ -37,10 +38,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from unmask.bench.runner import run_grid, with_ar_twin
     from unmask.llm import LLM
 
-    out = Path(a.out)  # made and checked before anything is measured
+    out = output_folder(a.out, "--out")  # checked now, made once every setting is checked
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = out / f"bench-{stamp}.json"
-    writable_folder(out, "bench output folder")
     from unmask.llm import default_device
 
     device = a.device or default_device()
@@ -57,6 +57,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         block_caches = parse_caches(a.block_caches)
         grid += build_grid(block_policies, block_caches, [0], [block.arch.block_size], gens, batches, "block")
         grid.sort(key=lambda c: c.batch)
+    writable_folder(out, "bench output folder")  # before anything is measured
 
     def progress(i, total, run):
         write_json_atomic(path, {**run, "complete": False})  # an interrupted run keeps what it measured
@@ -85,12 +86,20 @@ def cmd_roofline(a: argparse.Namespace) -> int:
     from unmask.bench import roofline as rl
     from unmask.bench.grid import parse_ints
 
-    custom = any(v is not None for v in (a.hardware, a.model, a.params, a.plot)) or a.json or a.attention
-    if not custom:
+    batches = parse_ints("batches", a.batches)  # every flag is checked, whichever output follows
+    rl.check_setup(a.prompt, a.gen, a.tau, a.block, batches)
+    if a.bytes_per_param is not None and not (math.isfinite(a.bytes_per_param) and a.bytes_per_param > 0):
+        raise UnmaskError(f"--bytes-per-param {a.bytes_per_param:g} must be a finite number > 0")
+    if a.params is not None and not (math.isfinite(a.params) and a.params > 0):
+        raise UnmaskError(f"--params {a.params:g} must be a finite number > 0")
+    defaults = {k: ROOFLINE_DEFAULTS[k] for k in ("prompt", "gen", "tau", "block", "batches")}
+    custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param))
+              or a.json or a.attention or any(getattr(a, k) != v for k, v in defaults.items()))
+    if not custom:  # no flag at all: seed 000's worked example
         print(rl.seed_example())
         return 0
-    batches = parse_ints("batches", a.batches)
-    rl.check_setup(a.prompt, a.gen, a.tau, a.block, batches)
+    if a.plot is not None:
+        check_figure_path(a.plot, "--plot")
     arch = None
     if a.model is not None:
         from unmask.llm import resolve_model_path
@@ -105,6 +114,9 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         rl.plot_prediction(model, pred, a.plot)
     print(json.dumps(pred) if a.json else rl.format_prediction(pred))
     return 0
+
+
+ROOFLINE_DEFAULTS = {"prompt": 512, "gen": 256, "tau": 4.0, "block": 32, "batches": "1,8,64,256"}
 
 
 def add_parsers(sub) -> dict:
@@ -138,11 +150,12 @@ def add_parsers(sub) -> dict:
     r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
     r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
     r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")
-    r.add_argument("--prompt", type=int, default=512)
-    r.add_argument("--gen", type=int, default=256)
-    r.add_argument("--tau", type=float, default=4.0, help="tokens committed per forward")
-    r.add_argument("--block", type=int, default=32, help="positions recomputed per cached step (G)")
-    r.add_argument("--batches", default="1,8,64,256")
+    d = ROOFLINE_DEFAULTS
+    r.add_argument("--prompt", type=int, default=d["prompt"])
+    r.add_argument("--gen", type=int, default=d["gen"])
+    r.add_argument("--tau", type=float, default=d["tau"], help="tokens committed per forward")
+    r.add_argument("--block", type=int, default=d["block"], help="positions recomputed per cached step (G)")
+    r.add_argument("--batches", default=d["batches"])
     r.add_argument("--plot", default=None, help="write a throughput-vs-batch PNG here")
     r.add_argument("--json", action="store_true")
     return {"bench": cmd_bench, "roofline": cmd_roofline}

@@ -18,8 +18,11 @@ reproduces:
 - stop handling: a row is finished once a denoising step commits the stop token; the block is
   still completed for every row; then finished rows are padded after their first stop token,
   and unless every row finished, one commit forward writes the block's exact K/V and its last
-  logit's argmax becomes the next block's first token (pad for finished rows; rows whose prompt
-  runs past the block keep their prompt token); finished rows then leave the batch. Stop tokens proposed by a prefill or commit forward are not detected.
+  logit's argmax becomes the next block's first token (pad, the tokenizer's pad id, for finished
+  rows; which other rows take it follows how upstream writes the block back into its `input_ids`,
+  see below); finished rows then leave the batch. Stop tokens proposed by a prefill or commit
+  forward are not detected.
+Checked against upstream's recorded output (tests/test_fast_dllm_v2_upstream.py, 40 batches).
 The per-step work is batched tensor code with one host read per step, as in the other loops.
 """
 
@@ -87,6 +90,9 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
         trace.append(ForwardRecord(kind, rows.numel(), q, per_row.sum(), time.perf_counter() - t0,
                                    rows.numel() if kind == "commit" else 0))
 
+    # the width of upstream's `input_ids` (the right-padded prompts, then the canvas through the
+    # last block's trailing token): it decides which rows take a commit forward's next token
+    width_in = max_len + (min_len == max_len and min_len % bs == 0)
     prefill = min_len // bs * bs
     if prefill:
         t0 = time.perf_counter()
@@ -131,8 +137,16 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
             break
         t0 = time.perf_counter()  # the commit forward: exact K/V of the block, and the next block's first token
         last = model(x[:, s0:e0], pos[:, s0:e0], kv, s0, None, slice(bs - 1, bs))[:, -1]
-        # rows whose prompt runs past this block keep their prompt token there
+        # which rows take the next token, as upstream writes x_t back into input_ids: every row when
+        # every prompt ends in this block or input_ids is no wider than this block plus one (then
+        # `input_ids = x_t`, which also overwrites the prompt token at e0 of a row whose prompt is
+        # exactly one token longer, and fills e0 of a row whose prompt ends on the boundary);
+        # otherwise only the rows whose prompt ends in this block (the others keep input_ids[:, e0]:
+        # their prompt token, or MASK for a prompt that ends on the boundary)
         ends_here = lens // bs <= b
+        if bool(ends_here.all()) or width_in <= e0 + 1:
+            ends_here = torch.ones_like(ends_here)
+            width_in = e0 + 1
         x[:, e0] = torch.where(finished, pad, torch.where(ends_here, last.argmax(-1), x[:, e0]))
         record("commit", bs, None, t0)
         e_out = e0 + 1

@@ -85,7 +85,11 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     """Load the model in `path`; returns (model in eval mode, raw config.json dict)."""
     folder = Path(path)
     if not folder.is_dir():
-        raise CheckpointError(f"model folder {folder} does not exist")
+        inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+        what = ("is a file" if folder.exists() else "does not exist"
+                + (f" ({inside} is a file)" if inside is not None else ""))
+        raise CheckpointError(f"model folder {folder} {what}; a model is a checkpoint folder (config.json, "
+                              "safetensors, tokenizer files) or an embedded model's name")
     cfg = read_json(folder / "config.json")
     family = resolve_family(cfg)
     arch = family.arch(cfg)

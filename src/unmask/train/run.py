@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from unmask.errors import UnmaskError
-from unmask.files import writable_folder
+from unmask.files import output_folder, writable_folder
 from unmask.llm import resolve_model_path
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
@@ -40,8 +40,7 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
 def _prepare_out(out: Path, resume: bool, overwrite: bool) -> bool:
     """Check that `out` may be written: a new or empty folder, our own run to resume, or anything
     with `overwrite`. Returns whether the folder is new (and so may be removed if the start fails)."""
-    if out.exists() and not out.is_dir():
-        raise UnmaskError(f"--out {out} is a file, not a folder")
+    output_folder(out, "--out")  # a file, a path inside a file, or a place where nothing can be made
     holds_run = (out / STATE).exists()
     if resume:
         if not holds_run:
@@ -89,7 +88,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.02)
-    if cfg.init_from and not resume:
+    if cfg.init_from is not None and not resume:
         init = resolve_model_path(cfg.init_from)  # a run folder, a model folder, or an embedded model's name
         src, _ = load_model(init / "model" if (init / "model").exists() else init)
         try:
