@@ -115,3 +115,58 @@ def test_bench_compares_refresh_rules(tmp_path, tiny_models):
 def test_bench_names_a_bad_cache_entry(capsys, tmp_path, entry, message):
     assert main(["bench", "--caches", entry, "--n", "1", "--out", str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_splits_are_disjoint_and_never_trained_on():
+    from itertools import islice
+
+    from unmask.tasks import SPLITS, TASKS, split_examples, train_stream
+
+    assert SPLITS == {"selection": (0, 250), "report": (250, 1000)}
+    for task in TASKS:
+        sel, rep = split_examples(task, "selection"), split_examples(task, "report")
+        assert (len(sel), len(rep)) == (250, 750)
+        assert not {e.prompt for e in sel} & {e.prompt for e in rep}
+        assert split_examples(task, "report", 5) == rep[:5]
+        trained = {e.prompt for e in islice(train_stream(task, seed=0), 3000)}
+        assert not trained & {e.prompt for e in rep}
+    with pytest.raises(ValueError, match="holds 250 examples"):
+        split_examples("copy", "selection", 251)
+
+
+def test_a_report_run_measures_the_selection_runs_picks_on_other_examples(tmp_path, tiny_models, capsys):
+    """Choose on one split, report on the other: the report run chooses nothing, it measures the
+    selection run's picks (with --batches, at other batch sizes too) and says whether they hold."""
+    d, a = tiny_models
+    common = ["--model", str(d), "--ar-model", str(a), "--n", "3", "--tasks", "copy", "--quiet"]
+    assert main(["bench", *common, "--policies", "fixed:1,threshold:0.9,budget:2", "--caches", "none,dual",
+                 "--blocks", "24", "--batches", "2", "--tolerance", "0.5", "--out", str(tmp_path / "sel")]) == 0
+    sel_path = next((tmp_path / "sel").glob("*.json"))
+    sel = json.loads(sel_path.read_text())
+    assert sel["split"] == "selection" and sel["tolerance"] == 0.005 and "examples 0-2" in sel["examples"]
+    capsys.readouterr()
+    assert main(["bench", *common, "--split", "report", "--chosen", str(sel_path), "--batches", "1,2",
+                 "--out", str(tmp_path / "rep")]) == 0
+    rep = json.loads(next((tmp_path / "rep").glob("*.json")).read_text())
+    assert rep["split"] == "report" and "examples 250-252" in rep["examples"]
+    picked = {(h["role"], h["label"].rsplit(" b", 1)[0]) for h in sel["headline"]}
+    for batch in (1, 2):
+        got = {(h["role"], h["label"].rsplit(" b", 1)[0]) for h in rep["headline"] if h["batch"] == batch}
+        assert got == picked
+    measured = {r["label"].rsplit(" b", 1)[0] for r in rep["results"]}
+    assert measured == {label for _, label in picked}  # nothing else was measured, nothing re-picked
+    for h in rep["headline"]:
+        if h["role"] not in ("baseline", "AR twin"):
+            assert isinstance(h["holds"], bool) and isinstance(h["shown"], bool)
+    assert "measured on the report split" in capsys.readouterr().out
+    # refused by name: reporting on the split it was chosen on, choosing again, a file that is no run
+    assert main(["bench", *common, "--chosen", str(sel_path), "--out", str(tmp_path / "x")]) == 2
+    assert "not on the examples they were chosen on" in capsys.readouterr().err
+    assert main(["bench", *common, "--split", "report", "--chosen", str(sel_path), "--policies", "fixed:1",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "would choose again" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["bench", *common, "--split", "report", "--chosen", str(tmp_path / "bad.json"),
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "not a finished `unmask bench` run" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

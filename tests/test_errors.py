@@ -129,6 +129,10 @@ def test_bad_config_values_are_named(llada_dir, tmp_path, change, needle):
     (["bench", "--quick", "--blocks", "0"], "--blocks '0' needs integers >= 1"),
     (["gsm8k", "--data", "/nonexistent/gsm", "--n", "1"], "--data /nonexistent/gsm does not exist"),
     (["train", "--out", "x", "--tasks", "copy=-1"], "task weight '-1' for 'copy' must be a finite number > 0"),
+    (["eval", "--n", "251"], "split 'selection' holds 250 examples of each task, not 251"),
+    (["eval", "--split", "test"], "argument --split: invalid choice: 'test'"),
+    (["bench", "--n", "800", "--split", "report", "--quick"], "split 'report' holds 750 examples"),
+    (["bench", "--tolerance", "nan"], "--tolerance nan must be"),
 ])
 def test_command_arguments(capsys, args, needle):
     one_line_error(*run(capsys, *args)[::2], needle)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, row_latencies, wilson_interval
+from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, wilson_interval
 from unmask.tasks import Example, score
 
 
@@ -35,10 +35,6 @@ def test_percentiles_match_numpy_linear():
     xs = [5.0, 1.0, 9.0, 3.0, 7.0, 2.0]
     for q in (50, 95, 99):
         assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
-
-
-def test_row_latency_is_time_of_last_step():
-    assert row_latencies([0.1, 0.2, 0.3], [1, 3, 2]) == pytest.approx([0.1, 0.6, 0.3])
 
 
 def test_tokens_up_to_end_of_text():

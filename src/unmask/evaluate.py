@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from unmask.llm import LLM, BatchOutput
 from unmask.params import GenerationParams
-from unmask.tasks import TASKS, held_out, score
+from unmask.errors import UnmaskError
+from unmask.tasks import TASKS, score, split_examples
 
 
 @dataclass
@@ -37,12 +38,20 @@ class TaskRun:
         return sum(r.nfe for o in self.outputs for r in o.results)
 
 
+def examples_of(task: str, n: int, split: str = "selection"):
+    """The first `n` examples of `split` (unmask.tasks.SPLITS), or an UnmaskError naming the problem."""
+    try:
+        return split_examples(task, split, n)
+    except ValueError as e:
+        raise UnmaskError(str(e)) from None
+
+
 def run_task(llm: LLM, task: str, n: int, params: GenerationParams, batch_size: int, keep_samples: int = 0,
-             progress: Callable[[int], None] | None = None) -> TaskRun:
-    """Decode the first `n` held-out examples of `task`, `batch_size` at a time, and score them.
-    `progress(k)` is called after each batch of k examples."""
+             progress: Callable[[int], None] | None = None, split: str = "selection") -> TaskRun:
+    """Decode the first `n` examples of `task`'s held-out `split`, `batch_size` at a time, and score
+    them. `progress(k)` is called after each batch of k examples."""
     run = TaskRun(task)
-    examples = held_out(task, n)
+    examples = examples_of(task, n, split)
     for i in range(0, n, batch_size):
         chunk = examples[i : i + batch_size]
         out = llm.generate([ex.prompt for ex in chunk], params, chat=False)
@@ -88,9 +97,13 @@ def evaluate(
     batch_size: int = 32,
     keep_samples: int = 0,
     progress: Callable[[int], None] | None = None,
+    split: str = "selection",
 ) -> list[TaskResult]:
     params = (params or GenerationParams()).check(llm.arch.block_size)
-    return [TaskResult.from_run(run_task(llm, t, n, params, batch_size, keep_samples, progress)) for t in tasks]
+    for t in tasks:
+        examples_of(t, n, split)  # a bad split or size is named before anything decodes
+    return [TaskResult.from_run(run_task(llm, t, n, params, batch_size, keep_samples, progress, split))
+            for t in tasks]
 
 
 def format_table(results: list[TaskResult]) -> str:

@@ -29,6 +29,30 @@ def format_table(run: dict) -> str:
 FAST_DLLM = ("threshold", "factor")  # Fast-dLLM's commit rules (with or without its caches)
 
 
+def chosen_from(path, split: str) -> dict:
+    """The picks of a finished selection run (its JSON at `path`): per batch, the roles and
+    configurations its headline chose, to be measured again on another split. A run on the same
+    split, an unfinished run or a file that is not a bench run is refused by name."""
+    import json
+
+    from unmask.errors import UnmaskError
+
+    try:
+        sel = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnmaskError(f"--chosen {path}: not a readable bench JSON ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(sel, dict) or not isinstance(sel.get("headline"), list) or not sel.get("complete"):
+        raise UnmaskError(f"--chosen {path}: not a finished `unmask bench` run (no headline, or \"complete\" is not true)")
+    if sel.get("split", "selection") == split:
+        raise UnmaskError(f"--chosen {path} chose its settings on the {split!r} split; report them on another "
+                          "split (--split), not on the examples they were chosen on")
+    rows = [{k: h[k] for k in ("batch", "role", "label", "config")} for h in sel["headline"] if "config" in h]
+    if not rows:
+        raise UnmaskError(f"--chosen {path}: its headline names no configuration (written by an older unmask)")
+    return {"from": str(path), "split": sel.get("split", "selection"), "examples": sel.get("examples"),
+            "n_per_task": sel.get("n_per_task"), "tolerance": sel.get("tolerance", 0.01), "rows": rows}
+
+
 def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
     """The rows the README reports, per batch size: the baseline (the batch's first diffusion
     configuration), Fast-dLLM's best setting and unmask's best setting (the highest tokens/s among
@@ -36,6 +60,8 @@ def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
     threshold/factor rules), and the AR twin. With a block-diffusion model (configurations of model
     "block"): its first configuration ("block baseline", its own one token per step in the presets)
     and its fastest within `tolerance` of that ("block best")."""
+    if run.get("chosen"):
+        return _reported(run, tolerance)
     out = []
     for batch in sorted({r["config"]["batch"] for r in run["results"]}):
         rows = [r for r in run["results"] if r["config"]["batch"] == batch]
@@ -56,18 +82,81 @@ def headline(run: dict, tolerance: float = 0.01) -> list[dict]:
             picks += [("block baseline", b0), ("block best", max(near, key=lambda r: r["tokens_per_s"]))]
         picks += [("AR twin", r) for r in rows if r["config"]["policy"] == "ar"]
         for role, r in picks:
-            out.append({"batch": batch, "role": role, "label": r["label"], "accuracy": r["accuracy"],
-                        "nfe_per_request": r["nfe_per_request"], "tokens_per_s": r["tokens_per_s"],
-                        "speedup_vs_baseline": r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None})
+            out.append(_headline_row(batch, role, r, base))
     return out
 
 
+def _headline_row(batch: int, role: str, r: dict, base: dict) -> dict:
+    return {"batch": batch, "role": role, "label": r["label"], "config": r["config"], "accuracy": r["accuracy"],
+            "accuracy_ci95": r.get("accuracy_ci95"), "vs_baseline": r.get("vs_baseline"),
+            "nfe_per_request": r["nfe_per_request"], "tokens_per_s": r["tokens_per_s"],
+            "speedup_vs_baseline": r["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None}
+
+
+def _reported(run: dict, tolerance: float) -> list[dict]:
+    """A report run's headline: the selection run's picks, role by role, measured on this run's
+    examples (nothing is picked here). `holds`: the pick is still within `tolerance` of the
+    baseline here (point estimate); `shown`: its paired 95 % interval excludes a larger loss."""
+    out = []
+    for batch, pick in _picks_at(run["chosen"]):
+        rows = [r for r in run["results"] if r["config"]["batch"] == batch]
+        r = next((r for r in rows if r["config"] == {**pick["config"], "batch": batch}), None)
+        base = next((r for r in rows if r["config"]["policy"] != "ar"), None)
+        if r is None or base is None:
+            continue
+        row = _headline_row(batch, pick["role"], r, base)
+        vs = r.get("vs_baseline")
+        if vs and r["config"]["policy"] != "ar":
+            row["holds"] = vs["diff"] >= -tolerance - 1e-12
+            row["shown"] = vs["ci95"][0] >= -tolerance - 1e-12
+        out.append(row)
+    return out
+
+
+def _picks_at(chosen: dict) -> list[tuple[int, dict]]:
+    """(batch, pick) pairs: the selection run's picks at their own batches, or, when the report run
+    names `batches`, every batch's picks of the selection run's first batch at each of them
+    (accuracy does not depend on the batch; its speed is measured there)."""
+    rows = chosen["rows"]
+    if not chosen.get("batches"):
+        return [(h["batch"], h) for h in rows]
+    first = min(h["batch"] for h in rows)
+    return [(b, h) for b in chosen["batches"] for h in rows if h["batch"] == first]
+
+
+def grid_from_chosen(chosen: dict, with_block: bool) -> list:
+    """The configurations a report run measures: each batch's baseline first (the runner compares
+    every row of a batch with its first), then the other picks, once each; the AR twin is added by
+    the runner."""
+    from unmask.bench.grid import BenchConfig
+    from unmask.errors import UnmaskError
+
+    grid, seen = [], set()
+    rows = sorted(_picks_at(chosen), key=lambda bh: (bh[0], bh[1]["role"] != "baseline"))
+    for batch, h in rows:
+        cfg = {**h["config"], "batch": batch}
+        if cfg["policy"] == "ar":
+            continue
+        if cfg.get("model") == "block" and not with_block:
+            raise UnmaskError(f"--chosen: the pick {h['label']!r} is a block-diffusion configuration; give "
+                              "--block-model as the selection run did")
+        key = tuple(sorted(cfg.items()))
+        if key not in seen:
+            seen.add(key)
+            grid.append(BenchConfig(**cfg))
+    return grid
+
+
 def format_headline(rows: list[dict]) -> str:
-    lines = [f"{'batch':>5} {'role':15} {'configuration':34} {'acc':>6} {'NFE':>6} {'tok/s':>8} {'x base':>7}"]
+    lines = [f"{'batch':>5} {'role':15} {'configuration':34} {'acc':>6} {'vs base [95% CI]':>20} {'NFE':>6} "
+             f"{'tok/s':>8} {'x base':>7}"]
     for h in rows:
         sp = f"{h['speedup_vs_baseline']:.1f}x" if h["speedup_vs_baseline"] else "-"
-        lines.append(f"{h['batch']:>5} {h['role']:15} {h['label']:34} {100 * h['accuracy']:5.1f}% "
-                     f"{h['nfe_per_request']:6.1f} {h['tokens_per_s']:8.1f} {sp:>7}")
+        vs = h.get("vs_baseline")
+        d = f"{100 * vs['diff']:+.1f} [{100 * vs['ci95'][0]:+.1f}, {100 * vs['ci95'][1]:+.1f}]" if vs else "-"
+        held = {True: "", False: "  (not within tolerance here)"}.get(h.get("holds"), "")
+        lines.append(f"{h['batch']:>5} {h['role']:15} {h['label']:34} {100 * h['accuracy']:5.1f}% {d:>20} "
+                     f"{h['nfe_per_request']:6.1f} {h['tokens_per_s']:8.1f} {sp:>7}{held}")
     return "\n".join(lines)
 
 

@@ -17,9 +17,10 @@ import torch
 
 from unmask.bench.grid import BenchConfig
 from unmask.bench.roofline import ModelCost, Roofline, for_device
-from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, row_latencies, wilson_interval
+from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, wilson_interval
 from unmask.evaluate import run_task
 from unmask.llm import LLM
+from unmask.tasks import SPLITS
 
 TIMER_INCLUDES = ("decode of each batch: every forward (prefill / cache refreshes included) and the decode "
                   "loop; excludes tokenisation and detokenisation")
@@ -73,11 +74,12 @@ def _roofline(llm: LLM, hw) -> Roofline:
     return Roofline(hw, ModelCost.from_arch(llm.arch, bytes_per, attention=True))
 
 
-def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline, progress=None) -> Measured:
+def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline, progress=None,
+            split: str = "selection") -> Measured:
     m = Measured(cfg)
     params = cfg.params()
     for task in tasks:
-        run = run_task(llm, task, n, params, cfg.batch, progress=progress)
+        run = run_task(llm, task, n, params, cfg.batch, progress=progress, split=split)
         m.flags[task] = run.flags
         m.token_acc[task] = sum(run.token_accuracy) / run.n
         m.seconds += run.seconds
@@ -85,7 +87,7 @@ def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline
         m.row_forwards += run.row_forwards
         for out in run.outputs:
             m.steps += len(out.steps)
-            m.latencies += row_latencies([s.seconds for s in out.steps], [r.nfe for r in out.results])
+            m.latencies += [r.seconds for r in out.results]  # each request's own measured finish time
             L = out.prompt_len + cfg.gen_length
             m.predicted_seconds += sum(roof.step(s.rows * s.positions, L, s.rows) for s in out.steps)
             m.positions += sum(s.rows * s.positions for s in out.steps)
@@ -117,11 +119,13 @@ def context(device=None) -> dict:
 
 
 def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: list[str], n: int,
-             progress=None, on_examples=None, block: LLM | None = None) -> dict:
+             progress=None, on_examples=None, block: LLM | None = None, split: str = "selection",
+             chosen: dict | None = None) -> dict:
     """Measure every configuration (and the AR twin at each batch size). `progress(i, total, run)`
     after each configuration, with the run so far (its last row just measured), `on_examples(k)`
     after each decoded batch of k examples. Configurations of model "block" run on `block` (a
-    block-diffusion model), on the same examples."""
+    block-diffusion model), on the same examples: the first `n` of each task's held-out `split`.
+    `chosen` (see unmask.bench.report.chosen_from): the selection run whose picks this run reports."""
     device = next(diffusion.model.parameters()).device
     hw = for_device(device)
     roofs = {"diffusion": (diffusion, _roofline(diffusion, hw))}
@@ -132,14 +136,17 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
     rows, baselines = [], {}
     configs = with_ar_twin(grid) if ar is not None else list(grid)
     run = {"context": {**context(device), "device": str(device)}, "hardware_measured": hw.__dict__,
-           "tasks": tasks, "n_per_task": n,
+           "tasks": tasks, "n_per_task": n, "split": split,
+           "examples": f"held-out examples {SPLITS[split][0]}-{SPLITS[split][0] + n - 1} of each task",
            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None,
            "block_model": str(block.path) if block else None,
            "configurations": len(configs), "results": rows}
+    if chosen is not None:
+        run["chosen"] = chosen
     for i, cfg in enumerate(configs):
         llm, roof = roofs["ar" if cfg.policy == "ar" else cfg.model]
-        m = measure(llm, cfg, tasks, n, roof, on_examples)
+        m = measure(llm, cfg, tasks, n, roof, on_examples, split)
         baselines.setdefault(cfg.batch, m if cfg.policy != "ar" else None)
         base = baselines.get(cfg.batch) or next(iter(baselines.values()))
         rows.append(m.summary(base))

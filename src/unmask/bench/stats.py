@@ -48,13 +48,3 @@ def percentile(values: list[float], q: float) -> float:
     pos = (len(xs) - 1) * q / 100
     lo, hi = math.floor(pos), math.ceil(pos)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def row_latencies(step_seconds: list[float], row_nfe: list[int]) -> list[float]:
-    """Each request's latency inside a batch: rows take part in the first row_nfe steps (finished
-    rows leave the batch), so a row finishes at the cumulative time of its last step."""
-    cum, total = [], 0.0
-    for s in step_seconds:
-        total += s
-        cum.append(total)
-    return [cum[n - 1] if n else 0.0 for n in row_nfe]

@@ -59,17 +59,19 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     tasks = parse_tasks(a.tasks)
-    from unmask.evaluate import evaluate, format_table
+    from unmask.evaluate import evaluate, examples_of, format_table
     from unmask.tasks import TASKS
 
     names = tuple(tasks) if tasks else TASKS
+    positive("n", a.n)
+    examples_of(names[0], a.n, a.split)  # the split holds n examples, before the model loads
     llm, params = load_for_eval(a)
     bar = progress_bar(a.n * len(names), "eval ")
     results = evaluate(llm, names, a.n, params, batch_size=a.batch_size, keep_samples=a.samples,
-                       progress=bar.update)
+                       progress=bar.update, split=a.split)
     bar.close()
     if a.json:
-        print(json.dumps({"model": str(llm.path), "params": asdict(params),
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), "split": a.split,
                           "results": [dict(r.row(), samples=r.samples) for r in results]}))
     else:
         print(format_table(results))
@@ -179,7 +181,10 @@ def add_parsers(sub) -> dict:
 
     e = sub.add_parser("eval", help="held-out accuracy on the task suite with any decoding settings")
     e.add_argument("--tasks", default=None, help="comma-separated tasks (default: all)")
-    e.add_argument("--n", type=int, default=200, help="examples per task")
+    e.add_argument("--n", type=int, default=200, help="examples per task (the first N of the split)")
+    e.add_argument("--split", default="selection", choices=("selection", "report"),
+                   help="held-out examples 0-249 of each task (selection: choose settings here) or 250-999 "
+                        "(report: report a chosen setting)")
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--samples", type=int, default=0, help="keep N sample outputs per task in the JSON")
     add_model_args(e)

@@ -26,6 +26,19 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     preset = PRESETS["quick" if a.quick else "full"]
     pick = lambda name: getattr(a, name) if getattr(a, name) is not None else preset.get(name)  # noqa: E731
+    if not (math.isfinite(a.tolerance) and 0 <= a.tolerance < 100):
+        raise UnmaskError(f"--tolerance {a.tolerance:g} must be a number of accuracy points in [0, 100)")
+    chosen = None
+    if a.chosen is not None:  # measure a selection run's picks on another split; choose nothing here
+        from unmask.bench.report import chosen_from
+
+        given = [f for f in ("policies", "caches", "refresh", "blocks", "gens", "block_policies", "quick")
+                 if getattr(a, f) not in (None, False)]
+        if given:
+            raise UnmaskError(f"--chosen measures the selection run's picks; {', '.join('--' + f.replace('_', '-') for f in given)} "
+                              "would choose again (give them to the selection run)")
+        chosen = chosen_from(a.chosen, a.split)
+        chosen["batches"] = parse_ints("batches", a.batches) if a.batches else None
     policies = parse_policies(pick("policies"))
     caches = parse_caches(pick("caches"))
     tasks = list(parse_tasks(pick("tasks")) or TASKS) if pick("tasks") else list(TASKS)
@@ -57,6 +70,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
         block_caches = parse_caches(a.block_caches)
         grid += build_grid(block_policies, block_caches, [0], [block.arch.block_size], gens, batches, "block")
         grid.sort(key=lambda c: c.batch)
+    if chosen is not None:
+        from unmask.bench.report import grid_from_chosen
+
+        grid = grid_from_chosen(chosen, block is not None)
+        for c in grid:
+            c.params()  # a pick this unmask cannot run is named before anything is measured
+    from unmask.evaluate import examples_of
+
+    for t in tasks:
+        examples_of(t, n, a.split)  # the split holds n examples of each task
     writable_folder(out, "bench output folder")  # before anything is measured
 
     def progress(i, total, run):
@@ -69,15 +92,22 @@ def cmd_bench(a: argparse.Namespace) -> int:
     configs = with_ar_twin(grid) if ar is not None else grid
     bar = progress_bar(len(configs) * len(tasks) * n, "bench ")
     bar.enabled = bar.enabled and not a.quiet
-    run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update, block=block)
+    run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update, block=block, split=a.split,
+                   chosen=chosen)
     bar.close()
-    run["headline"] = headline(run)
+    run["tolerance"] = a.tolerance / 100
+    run["headline"] = headline(run, a.tolerance / 100)
     write_json_atomic(path, {**run, "complete": True})
     plot_pareto(run, str(path.with_suffix(".png")))
     if cache_study(run):
         plot_caches(run, str(path.with_suffix(".caches.png")))
     print(format_table(run))
-    print("\nwithin 1 point of the baseline's accuracy, fastest:\n" + format_headline(run["headline"]))
+    if chosen is None:
+        print(f"\nwithin {a.tolerance:g} point(s) of the baseline's accuracy on the {a.split} split, fastest:\n"
+              + format_headline(run["headline"]))
+    else:
+        print(f"\nthe picks of {chosen['from']} (chosen on its {chosen['split']} split), measured on the {a.split} "
+              "split:\n" + format_headline(run["headline"]))
     print(f"wrote {path} and .png", file=sys.stderr)
     return 0
 
@@ -142,6 +172,13 @@ def add_parsers(sub) -> dict:
     b.add_argument("--tasks", default=None)
     b.add_argument("--n", type=int, default=None, help="examples per task")
     b.add_argument("--out", default="bench_out", help="folder for the JSON and the Pareto PNG")
+    b.add_argument("--split", default="selection", choices=("selection", "report"),
+                   help="held-out examples 0-249 of each task (selection: choose settings here) or 250-999 (report)")
+    b.add_argument("--tolerance", type=float, default=1.0,
+                   help="accuracy points below the baseline that the headline's 'best' may lose (default 1)")
+    b.add_argument("--chosen", default=None,
+                   help="a selection run's JSON: measure its headline picks (baseline, best, AR twin) on --split "
+                        "instead of choosing again; with --batches, the picks of its first batch at each of them")
     b.add_argument("--quiet", action="store_true")
 
     r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")

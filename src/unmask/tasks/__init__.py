@@ -24,7 +24,30 @@ def held_out(task: str, n: int = 200) -> list[Example]:
     return out
 
 
-def train_stream(task: str, seed: int, exclude_n: int = 1000) -> Iterator[Example]:
+# The held-out stream is cut in two (training never sees the first TRAIN_EXCLUDED of it):
+# - "selection", examples 0-249 of each task: everything the project has looked at while choosing
+#   anything (the bench's first 50, eval.json's 200, the adaptive cache's 50-249, the training-time
+#   checks, defaults and thresholds). Choose settings here.
+# - "report", examples 250-999: looked at only to report a setting chosen on "selection", with its
+#   interval. Nothing is chosen on it.
+TRAIN_EXCLUDED = 1000
+SPLITS = {"selection": (0, 250), "report": (250, TRAIN_EXCLUDED)}
+
+
+def split_examples(task: str, split: str = "selection", n: int | None = None) -> list[Example]:
+    """The first `n` examples (default: all) of one split of `task`'s held-out stream."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose {', '.join(SPLITS)}")
+    first, end = SPLITS[split]
+    size = end - first
+    if n is None:
+        n = size
+    if not 0 < n <= size:
+        raise ValueError(f"split {split!r} holds {size} examples of each task, not {n}")
+    return held_out(task, first + n)[first:]
+
+
+def train_stream(task: str, seed: int, exclude_n: int = TRAIN_EXCLUDED) -> Iterator[Example]:
     """Endless training examples; any prompt in the first `exclude_n` test examples is skipped,
     so train and test never share a prompt."""
     excluded = {ex.prompt for ex in held_out(task, exclude_n)}
@@ -56,4 +79,4 @@ def score(example: Example, prediction: str) -> Score:
     return best
 
 
-__all__ = ["TASKS", "Example", "Score", "score", "held_out", "train_stream", "vocabulary"]
+__all__ = ["SPLITS", "TASKS", "Example", "Score", "score", "held_out", "split_examples", "train_stream", "vocabulary"]
