@@ -5,8 +5,8 @@ Both decode gen 256 in blocks of 32 with the same commits per step (the fixed sc
 per step, 4 steps per block), batch 1, early stop off, through the request engine. Per request:
 wall time; per forward kind: count, positions computed and mean time — full-attention: "full"
 (a block-start refresh of the whole canvas) and "window" (a cached step over the block); block
-model: "full" (the prefill: prompt and first block), "window" (the open block) and "commit" (the
-commit forward, fused with the next block's first step: two blocks). Beside each, the roofline
+model: "full" (the prefill: prompt and first block), "window" (the open block) and "seal" (the
+seal forward, fused with the next block's first step: two blocks). Beside each, the roofline
 prediction for this machine (bandwidth and FLOP/s measured now; attention reads and FLOPs
 included, every forward attending to the whole canvas: an upper bound for the block model).
 Random weights: the tokens are meaningless, only the time is measured. Writes JSON and prints.

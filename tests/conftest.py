@@ -32,3 +32,25 @@ def dream(dream_dir):
     from unmask import LLM
 
     return LLM(dream_dir)
+
+
+# the embedded models, loaded once per session (tests that change a model restore it)
+@pytest.fixture(scope="session")
+def embedded():
+    from unmask import LLM
+
+    return LLM()
+
+
+@pytest.fixture(scope="session")
+def embedded_ar():
+    from unmask import LLM
+
+    return LLM("default-ar")
+
+
+@pytest.fixture(scope="session")
+def embedded_block():
+    from unmask import LLM
+
+    return LLM("default-block")

@@ -453,7 +453,7 @@ def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tok
     prefill_len = (min_len // bs) * bs if min_len > bs else 0  # only prompts longer than a block are prefilled
     seq_block = [int(n) // bs for n in seq_len]
     # upstream's input_ids width: what it writes each block's x_t back into decides which rows
-    # take the commit forward's next token (see below)
+    # take the seal forward's next token (see below)
     width_in = input_ids.shape[1]
     if prefill_len > 0:
         logits, past, _ = model.forward(x[:, :prefill_len], 0, None, update_past_key_values=True)

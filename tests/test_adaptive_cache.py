@@ -118,7 +118,7 @@ def test_adaptive_recovers_agreement_that_dual_loses(llada):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(cache="dual", refresh_tokens=2), "refresh_tokens 2 is a trigger of the adaptive cache"),
+    (dict(cache="dual", refresh_tokens=2), "refresh_tokens 2 is a setting of cache adaptive, not of cache dual"),
     (dict(cache="adaptive", refresh_tokens=0), "refresh_tokens 0 must be a positive integer"),
     (dict(cache="adaptive", compat="llada"), "compat 'llada' does not support cache 'adaptive'"),
 ])
@@ -138,11 +138,11 @@ def test_block_models_refuse_the_adaptive_cache(tmp_path):
 
 def test_defaults_and_implied_cache():
     """No trigger given: refresh below 0.9, scope suffix. A trigger alone names the cache."""
-    from unmask.cache.policy import make_cache_policy
+    from unmask.cache import make_cache_policy
     from unmask.params import resolve_params
 
     cache = make_cache_policy(GenerationParams(gen_length=16, block_length=8, cache="adaptive").check())
     assert (cache.refresh_below, cache.refresh_tokens, cache.refresh_scope) == (0.9, None, "suffix")
     assert resolve_params({"refresh_tokens": 3}).cache == "adaptive"
-    with pytest.raises(UnmaskError, match="refresh_below 0.5 is a trigger of the adaptive cache"):
+    with pytest.raises(UnmaskError, match="refresh_below 0.5 is a setting of cache adaptive"):
         resolve_params({"refresh_below": 0.5, "cache": "prefix"})

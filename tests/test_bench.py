@@ -170,3 +170,31 @@ def test_a_report_run_measures_the_selection_runs_picks_on_other_examples(tmp_pa
                  "--out", str(tmp_path / "x")]) == 2
     assert "not a finished `unmask bench` run" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_non_inferiority_rule_and_choosing_again_from_a_finished_run(tmp_path, tiny_models, capsys):
+    """--rule ci keeps a configuration only if its paired interval against the baseline excludes a
+    loss larger than the tolerance; --headline-of chooses again from the recorded per-example
+    results without measuring."""
+    from unmask.bench.report import headline
+
+    d, _ = tiny_models
+    assert main(["bench", "--model", str(d), "--ar-model", "none", "--policies", "fixed:1,threshold:0.9,budget:4",
+                 "--caches", "none", "--blocks", "24", "--batches", "1", "--n", "4", "--tasks", "copy,sort",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    path = next(tmp_path.glob("*.json"))
+    run = json.loads(path.read_text())
+    assert all(len(r["flags"]["copy"]) == 4 and set(r["flags"]["copy"]) <= {"0", "1"} for r in run["results"])
+    point = {h["role"]: h["label"] for h in headline(run, 0.5, "point")}
+    strict = {h["role"]: h["label"] for h in headline(run, 0.0, "ci")}
+    base = run["results"][0]
+    for r in run["results"][1:]:  # with tolerance 0, ci keeps only rows never worse on any resample
+        lo = r["vs_baseline"]["ci95"][0]
+        if r["label"] == strict["unmask best"]:
+            assert lo >= 0
+    assert point["baseline"] == strict["baseline"] == base["label"]
+    capsys.readouterr()
+    assert main(["bench", "--headline-of", str(path), "--rule", "ci", "--tolerance", "0"]) == 0
+    again = json.loads(path.read_text())
+    assert again["rule"] == "ci" and {h["role"]: h["label"] for h in again["headline"]} == strict
+    assert main(["bench", "--headline-of", str(tmp_path / "missing.json")]) == 2

@@ -1,5 +1,5 @@
 """Block-diffusion models: attention by blocks of positions, the exact block cache (a prefill, the
-open block each step, the commit forward fused with the next block's first step), the three
+open block each step, the seal forward fused with the next block's first step), the three
 checkpoint layouts, and the block-diffusion training objective."""
 
 import json
@@ -102,11 +102,11 @@ def test_the_denoising_step_computes_only_the_open_block_whatever_the_prompt(blo
         assert kinds[0] == "full" and out.steps[0].positions == (n // B + 1) * B  # the prompt and first block
         shift = block_llm.arch.logit_shift
         assert all(s.positions <= B + shift for s in out.steps if s.kind == "window")
-        assert all(s.positions <= 2 * B for s in out.steps if s.kind == "commit")
-        # one commit forward per block boundary crossed after the first block
+        assert all(s.positions <= 2 * B for s in out.steps if s.kind == "seal")
+        # one seal forward per block boundary crossed after the first block
         first_end = (n // B + 1) * B
-        assert kinds.count("commit") == -(-(n + 4 * B - first_end) // B)
-        assert out.results[0].commit_forwards == kinds.count("commit")
+        assert kinds.count("seal") == -(-(n + 4 * B - first_end) // B)
+        assert out.results[0].seal_forwards == kinds.count("seal")
 
 
 def test_block_models_refuse_other_blocks_and_approximate_caches(block_llm):
@@ -276,8 +276,8 @@ V2_PROMPTS = {
     "aligned": [list(range(10, 26)), list(range(1, 22)), list(range(5, 21))],
     "unaligned": [list(range(10, 29)), list(range(1, 12))],
     # upstream's width quirks: prompts filling the first block while a shorter row is still in it
-    # (they take the commit forward's next token), and a longest prompt one token past a block
-    # (upstream's `input_ids = x_t` overwrites that prompt token with the commit forward's token)
+    # (they take the seal forward's next token), and a longest prompt one token past a block
+    # (upstream's `input_ids = x_t` overwrites that prompt token with the seal forward's token)
     "boundary": [list(range(1, 9)), [3, 4, 5, 6, 7, 8], list(range(20, 28))],
     "one-past": [list(range(1, 10)), [3, 4, 5]],
 }

@@ -28,11 +28,6 @@ def _reference_params(llm: LLM) -> GenerationParams:
 
 
 @pytest.fixture(scope="module")
-def embedded() -> LLM:
-    return LLM()
-
-
-@pytest.fixture(scope="module")
 def reference(embedded) -> dict:
     """The first SAMPLE held-out examples of every task, one token per step, no cache."""
     results = evaluate(embedded, n=SAMPLE, params=_reference_params(embedded), batch_size=SAMPLE)
@@ -104,10 +99,10 @@ def test_generate_without_model_flag(capsys):
     assert obj["nfe"] >= 1 and len(obj["generated_ids"]) == 1
 
 
-def test_embedded_block_model_reproduces_its_recorded_accuracy_with_its_exact_cache():
+def test_embedded_block_model_reproduces_its_recorded_accuracy_with_its_exact_cache(embedded_block):
     """default-block: a block-diffusion model (bd_size 8) in the LLaDA layout; greedy, one token
     per step, its own blocks; the exact cache gives the tokens of no cache on the same examples."""
-    llm = LLM("default-block")
+    llm = embedded_block
     assert llm.arch.block_size == 8 and llm.arch.logit_shift == 1
     recorded = json.loads((llm.path / "eval.json").read_text())
     assert recorded["n"] >= 200 and recorded["params"]["cache"] == "exact"

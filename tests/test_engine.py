@@ -1,11 +1,28 @@
-"""The decode loop in native mode: invariants, batching, caches, early stop and the trace."""
+"""Native decoding (the request engine, run offline): invariants, batching, caches, early stop
+and the trace."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from unmask import GenerationParams
-from unmask.engine import decode
+from unmask.engine import Engine, EngineConfig
 from unmask.models.base import ArchConfig, DiffusionLM, TokenIds
+
+
+def decode(model, tokens, prompts, params, watch=False):
+    """Every prompt added at once, steps until done: what LLM.generate does, on any model."""
+    engine = Engine(model, tokens, EngineConfig(trace_limit=None))
+    reqs = [engine.add_request(p, params, watch=watch) for p in prompts]
+    states = {r.id: [] for r in reqs}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.canvas is not None:
+                states[o.request.id].append(o.canvas)
+    return SimpleNamespace(generated=torch.tensor([r.canvas for r in reqs]), steps=list(engine.trace),
+                           nfe=len(engine.trace), row_nfe=[r.nfe for r in reqs], row_commits=[r.commits for r in reqs],
+                           states=[states[r.id] for r in reqs])
 
 MASK, EOS = 60, 61
 
@@ -23,7 +40,10 @@ class ScriptedModel(DiffusionLM):
 
     def forward(self, input_ids, positions, kv=None, kv_start=0, key_mask=None, logits_slice=None):
         self.seen.append(input_ids.clone())
-        pos = positions if logits_slice is None else positions[:, logits_slice]
+        if isinstance(logits_slice, torch.Tensor):  # the engine's (B, n) hidden positions per row
+            pos = positions.gather(1, logits_slice)
+        else:
+            pos = positions if logits_slice is None else positions[:, logits_slice]
         target = torch.where(pos >= self.eos_at, EOS, (3 * pos) % 40)
         logits = torch.zeros(*pos.shape, 64)
         strength = 2.0 + (pos % 7).float()  # distinct confidences, no ties
@@ -40,8 +60,9 @@ TOKENS = TokenIds(mask=MASK, eos=EOS, pad=EOS, stop=(EOS,))
     ids=lambda k: k["policy"] + str(k.get("steps", "")),
 )
 def test_only_masks_change_and_commits_are_final(llada, kw):
-    """Across consecutive forwards: prompt columns never change, a committed token never changes,
-    and every forward of an unfinished row commits at least one token."""
+    """From step to step: prompt columns never change, a committed token never changes, every
+    step of an unfinished row commits at least one token, and the commits the request reports
+    are the positions that changed."""
     seen = []
     model = llada.model
     orig = model.forward
@@ -51,26 +72,24 @@ def test_only_masks_change_and_commits_are_final(llada, kw):
         return orig(ids, *a, **k)
 
     model.forward = spy
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
     try:
-        prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
         params = GenerationParams(gen_length=16, block_length=8, early_stop=False, **kw).check()
-        out = decode(model, llada.token_ids, prompts, params)
+        out = decode(model, llada.token_ids, prompts, params, watch=True)
     finally:
         del model.forward
     mask = llada.token_ids.mask
-    P = 5
-    for before, after in zip(seen, seen[1:]):
-        assert torch.equal(before[:, :P], after[:, :P])
-        fixed = before != mask
-        assert torch.equal(before[fixed], after[fixed])
+    for ids in seen:  # no cache: every forward is over each row's whole canvas, prompt first
+        for r in range(ids.shape[0]) if ids.shape[0] == len(prompts) else ():
+            assert ids[r, : len(prompts[r])].tolist() == prompts[r]
     assert not (out.generated == mask).any()
-    states = seen + [out.canvas]
-    for k, st in enumerate(out.steps):
-        s = P + 8 * st.block
-        changed = (states[k] != states[k + 1]).sum(-1)
-        had_candidates = (states[k][:, s : s + 8] == mask).any(-1)
-        assert (changed[had_candidates] >= 1).all()
-        assert changed.tolist() == [c[k] for c in out.row_commits]
+    for states, commits in zip(out.states, out.row_commits):
+        states = [[mask] * 16] + states
+        assert len(states) == len(commits) + 1
+        for before, after, n in zip(states, states[1:], commits):
+            assert all(b == a for b, a in zip(before, after) if b != mask)
+            changed = sum(b != a for b, a in zip(before, after))
+            assert changed == n >= 1
     assert [sum(c) for c in out.row_commits] == [16, 16]
 
 

@@ -45,10 +45,10 @@ def test_meaningless_values_are_refused(capsys, flags, needle):
     one_line_error(*run(capsys, "generate", "copy : red 4 owl", *flags)[::2], needle)
 
 
-def test_out_of_vocabulary_words_are_named(capsys):
+def test_out_of_vocabulary_words_are_named(capsys, embedded):
     one_line_error(*run(capsys, "generate", "copy : red banana owl")[::2], "not in the vocabulary: 'banana'")
     with pytest.raises(UnmaskError, match="'banana', 'kiwi'"):
-        LLM().generate(["copy : banana kiwi owl"])
+        embedded.generate(["copy : banana kiwi owl"])
 
 
 @pytest.mark.parametrize("flags", [["--cache", "dual"], ["--policy", "threshold"], ["--compat", "llada"],
@@ -58,9 +58,9 @@ def test_flags_an_autoregressive_model_ignores_are_refused(capsys, flags):
                    "not used by an autoregressive model")
 
 
-def test_ar_api_refuses_diffusion_settings_and_takes_its_own():
-    ar = LLM("default-ar")
-    with pytest.raises(UnmaskError, match="cache does not apply to an autoregressive model"):
+def test_ar_api_refuses_diffusion_settings_and_takes_its_own(embedded_ar):
+    ar = embedded_ar
+    with pytest.raises(UnmaskError, match="cache: not used by an autoregressive model"):
         ar.generate(["copy : red 4 owl"], GenerationParams(gen_length=24, cache="dual"))
     assert ar.generate(["copy : red 4 owl"]).results[0].text == "red 4 owl"
 
@@ -73,13 +73,13 @@ def test_ar_api_refuses_diffusion_settings_and_takes_its_own():
     ([], "no prompts given"),
     ([""], "prompt 0 is empty"),
 ])
-def test_api_prompt_types(prompts, needle):
+def test_api_prompt_types(embedded, prompts, needle):
     with pytest.raises(UnmaskError, match=needle):
-        LLM().generate(prompts)
+        embedded.generate(prompts)
 
 
-def test_api_params_types():
-    llm = LLM()
+def test_api_params_types(embedded):
+    llm = embedded
     assert llm.generate(["copy : red 4 owl"], {"policy": "entropy", "gamma": 0.5}).results[0].text == "red 4 owl"
     with pytest.raises(UnmaskError, match="params must be a GenerationParams or a dict"):
         llm.generate(["copy : red 4 owl"], 3)

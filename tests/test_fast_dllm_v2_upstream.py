@@ -5,7 +5,7 @@ checkpoint in the released Fast_dLLM_v2_7B layout and 40 batches run through the
 loop (`v2/generation_functions.py` `batch_sample`, NVlabs/Fast-dLLM 6cf2722, on the published HF
 model code, transformers 4.53.1, CPU, float32), called as `v2/eval.py` calls it. Every case must
 match exactly: each row's ids after its prompt (generated tokens, the padding after a stop, the
-trailing token of the last commit forward) and the forwards each row took part in. Nothing here
+trailing token of the last seal forward) and the forwards each row took part in. Nothing here
 was written by this project except the comparison.
 """
 

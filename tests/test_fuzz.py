@@ -58,7 +58,10 @@ FLAG_VALUES = st.one_of(st.integers(-3, 70).map(str), st.floats(allow_nan=True).
 @FAST
 @given(st.dictionaries(st.sampled_from(sorted(n for n in PARAM_FIELDS if n != "early_stop")), FLAG_VALUES,
                        max_size=4))
-def test_cli_decoding_flags_never_crash(llada_dir, capsys, flags):
+def test_cli_decoding_flags_never_crash(llada_dir, llada, capsys, monkeypatch, flags):
+    import unmask.cli.decode
+
+    monkeypatch.setattr(unmask.cli.decode, "load_llm", lambda a: llada)  # loaded once, not per example
     argv = ["generate", "--model", str(llada_dir), "--prompt-ids", "1,2,3", "--json"]
     for name, value in flags.items():
         argv += ["--" + name.replace("_", "-"), value]

@@ -121,10 +121,10 @@ def test_bad_model_args_are_named(llada_dir):
         harness.UnmaskLM(model=str(llada_dir), policy="greedy-ish")
 
 
-def test_ar_likelihood_is_exact_and_pairs_are_even():
+def test_ar_likelihood_is_exact_and_pairs_are_even(embedded_ar):
     """The AR twin: log p of a valid pairs answer is about log 1/2 for each of the two phrases,
     a mixed phrase is far less likely, and greedy agrees with the likelier phrase."""
-    ar = LLM("default-ar")
+    ar = embedded_ar
     prompt = ar.tokenizer.encode("pick hand red cat sun :")
     lp = {a: harness.likelihood(ar, prompt, ar.tokenizer.encode(a + " <|endoftext|>", add_special_tokens=False))
           for a in ("full house", "high card", "high house")}
@@ -133,9 +133,9 @@ def test_ar_likelihood_is_exact_and_pairs_are_even():
     assert lp["full house"][1] != lp["high card"][1]  # exactly one of them is the greedy answer
 
 
-def test_diffusion_bound_with_one_token_is_the_exact_conditional():
+def test_diffusion_bound_with_one_token_is_the_exact_conditional(embedded):
     """For a one-token continuation the Monte-Carlo bound has one term: log p(token | prompt, MASK)."""
-    llm = LLM("default")
+    llm = embedded
     prompt = llm.tokenizer.encode("copy : 3 dog 7")
     target = llm.tokenizer.encode("3", add_special_tokens=False)
     value, greedy = harness.likelihood(llm, prompt, target, mc_num=4)
@@ -147,8 +147,8 @@ def test_diffusion_bound_with_one_token_is_the_exact_conditional():
     assert greedy is False
 
 
-def test_diffusion_bound_prefers_valid_pairs():
-    llm = LLM("default")
+def test_diffusion_bound_prefers_valid_pairs(embedded):
+    llm = embedded
     prompt = llm.tokenizer.encode("pick hand red cat sun :")
     enc = lambda a: llm.tokenizer.encode(a + " <|endoftext|>", add_special_tokens=False)  # noqa: E731
     valid = harness.likelihood(llm, prompt, enc("full house"))[0]

@@ -7,13 +7,19 @@ import unmask
 
 ROOT = Path(unmask.__file__).parent
 # higher imports lower; equal ranks may not import each other
-RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "compat": 3, "params": 4,
-        "engine": 5, "llm": 6, "evaluate": 7, "bench": 8, "train": 8, "server": 8, "cli": 9}
-LEAVES = {"errors", "progress", "tasks", "files", "registry"}  # import nothing of unmask but errors; anyone may use them
+RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "loading": 2, "canvas": 3, "reference.modes": 3,
+        "params": 4, "accept": 5, "engine": 6, "reference": 6, "inputs": 6, "outputs": 6, "llm": 7, "evaluate": 8,
+        "bench": 9, "train": 9, "server": 9, "cli": 10}
+# import nothing of unmask but errors; anyone may use them
+LEAVES = {"errors", "progress", "tasks", "files", "registry", "trace"}
+# the reference package holds the registry of its modes (below params, which validates `compat`)
+# and its loops (beside the engine): the registry is a unit of its own
+SUBUNITS = {"reference.modes"}
 
 
 def _unit(path: Path) -> str:
-    return path.relative_to(ROOT).with_suffix("").parts[0]
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:2]) if ".".join(parts[:2]) in SUBUNITS else parts[0]
 
 
 def _imports(path: Path) -> set[str]:
@@ -21,7 +27,10 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
             [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        out |= {n.split(".")[1] for n in names if n.startswith("unmask.")}
+        for n in names:
+            if n.startswith("unmask."):
+                sub = ".".join(n.split(".")[1:3])
+                out.add(sub if sub in SUBUNITS else n.split(".")[1])
     return out
 
 

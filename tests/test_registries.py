@@ -10,10 +10,10 @@ import torch
 
 from unmask import GenerationParams, UnmaskError
 from unmask.bench.grid import BenchConfig, build_grid, knob_names, parse_caches, parse_policies
-from unmask.cache.policy import CACHES
+from unmask.cache import CACHES
 from unmask.cli import build_parser, main
-from unmask.compat import COMPAT_MODES
-from unmask.engine.canvas import Canvas, left_padded
+from unmask.reference.modes import COMPAT_MODES
+from unmask.canvas import Canvas, left_padded
 from unmask.params import FAST, PARAM_FIELDS, resolve_params
 from unmask.sampler.policy import POLICIES, register, take_top
 
@@ -175,3 +175,41 @@ def test_generate_runs_the_fast_defaults_on_the_embedded_model(capsys):
 def test_every_field_has_help_and_a_check_or_is_free():
     for f in fields(GenerationParams):
         assert f.metadata["help"], f.name
+
+
+def test_a_new_cache_is_one_registered_class(llada):
+    """A cache policy the engine has never heard of: one class with its plan, registered. It is a
+    valid parameter value, a CLI choice and a bench entry, the engine runs it (full forward every
+    other step, the open block otherwise) and the decode equals no cache when it refreshes every
+    step; removed, it is gone everywhere."""
+    from unmask.cache import CachePolicy, Plan
+    from unmask.cache import register as register_cache
+
+    @register_cache
+    @dataclass(frozen=True)
+    class EveryOther(CachePolicy):
+        name = "every-other"
+        period: int = 2
+
+        @classmethod
+        def from_params(cls, p):
+            return cls(p.refresh_interval or 2)
+
+        knobs = ("refresh_interval",)
+
+        def plan(self, rows, shift, align):
+            return Plan.window(rows, rows.s - shift, rows.e, full=rows.age % self.period == 0)
+
+    try:
+        base = dict(gen_length=16, block_length=8, policy="fixed", early_stop=False)  # 16 steps
+        assert "every-other" in _help("generate") and parse_caches("every-other:r3") == ["every-other:r3"]
+        out = llada.generate([[1, 2, 3], [4, 5]], GenerationParams(cache="every-other", **base))
+        assert [s.kind for s in out.steps][:4] == ["full", "window", "full", "window"]
+        every = llada.generate([[1, 2, 3], [4, 5]], GenerationParams(cache="every-other", refresh_interval=1, **base))
+        none = llada.generate([[1, 2, 3], [4, 5]], GenerationParams(cache="none", **base))
+        assert [r.raw_ids for r in every.results] == [r.raw_ids for r in none.results]
+        assert all(s.refresh for s in every.steps)
+    finally:
+        del CACHES["every-other"]
+    with pytest.raises(UnmaskError, match="unknown cache 'every-other'"):
+        GenerationParams(cache="every-other").check()

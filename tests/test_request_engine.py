@@ -176,24 +176,20 @@ def test_static_scheduling_drains_before_admitting(llada):
     assert b.canvas == _alone(llada, PROMPTS[1], SETTINGS[1])
 
 
-def test_ar_twin_row_alone_equals_row_in_batch():
+def test_ar_twin_row_alone_equals_row_in_batch(embedded_ar):
     """The AR twin (its own KV-cached loop) is batch-invariant too: left padding is masked."""
-    from unmask import LLM
-
-    ar = LLM("default-ar")
+    ar = embedded_ar
     prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
     batch = ar.generate(prompts).results
     for p, r in zip(prompts, batch):
         assert ar.generate([p]).results[0].raw_ids == r.raw_ids
 
 
-def test_engine_serves_the_ar_twin_with_the_tokens_of_its_own_loop():
+def test_engine_serves_the_ar_twin_with_the_tokens_of_its_own_loop(embedded_ar):
     """The AR twin in the engine (blocks of one token, one prefill, then a cached window per
     token) writes exactly what its dedicated KV-cached loop writes, with the same forwards,
     alone and beside requests of other lengths."""
-    from unmask import LLM
-
-    ar = LLM("default-ar")
+    ar = embedded_ar
     prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
     ids = ar.encode(prompts, chat=False)
     lengths = [24, 16, 24, 8]

@@ -18,7 +18,7 @@ def test_single_request_latencies(seed):
     assert ms(seed.diffusion_latency(512, 256, 1)) == 2782
     assert ms(seed.diffusion_latency(512, 256, 4)) == 696
     assert ms(seed.block_latency(512, 256, 4, 32)) == 275
-    assert ms(seed.block_latency(512, 256, 4, 32, commit_forwards=True)) == 308
+    assert ms(seed.block_latency(512, 256, 4, 32, seal_forwards=True)) == 308
 
 
 def test_concurrency_caps_and_crossover(seed):

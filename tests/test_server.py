@@ -47,8 +47,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM()
+def llm(embedded):
+    return embedded
 
 
 @pytest.fixture(scope="module")
@@ -415,8 +415,8 @@ def test_playground_in_a_headless_browser(server, client):
     assert stats.startswith("step ") and "NFE" in stats
 
 
-def test_the_ar_twin_is_served_by_the_same_engine():
-    ar = LLM("default-ar")
+def test_the_ar_twin_is_served_by_the_same_engine(embedded_ar):
+    ar = embedded_ar
     s = Server(ar, served_model_name="ar")
     try:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)

@@ -10,9 +10,10 @@ from torch import nn
 
 from reference import dream_generate, fastdllm_dual, fastdllm_generate, fastdllm_prefix, llada_generate
 from unmask import GenerationParams
-from unmask.compat import topk_rows
-from unmask.engine import decode
+from unmask.engine import Engine, EngineConfig
 from unmask.models.base import ArchConfig, TokenIds
+from unmask.reference.lockstep import decode_reference as decode
+from unmask.reference.modes import topk_rows
 from unmask.sampler.policy import take_top
 
 V = 13  # token ids 0..11 are words, 12 is MASK
@@ -42,6 +43,8 @@ class TieLM(nn.Module):
 
     def forward(self, input_ids, positions, kv=None, kv_start=0, key_mask=None, logits_slice=None):
         logits = _logits(input_ids, kv_start)
+        if isinstance(logits_slice, torch.Tensor):  # the engine's (B, n) hidden positions per row
+            return logits.gather(1, logits_slice[..., None].expand(-1, -1, logits.shape[-1]))
         return logits if logits_slice is None else logits[:, logits_slice]
 
 
@@ -67,8 +70,15 @@ def _prompts(batch: int, length: int, seed: int) -> torch.Tensor:
 
 
 def _ours(family: str, prompt: torch.Tensor, **kw) -> tuple[list, int]:
-    d = decode(TieLM(family), TOKENS, prompt.tolist(), GenerationParams(**kw).check())
-    return d.generated.tolist(), d.nfe
+    params = GenerationParams(**kw).check()
+    if params.compat is not None:  # the reference's lockstep loop
+        d = decode(TieLM(family), TOKENS, prompt.tolist(), params)
+        return d.rows, d.nfe
+    engine = Engine(TieLM(family), TOKENS, EngineConfig(trace_limit=None))  # native decoding
+    reqs = [engine.add_request(p, params) for p in prompt.tolist()]
+    while engine.has_unfinished():
+        engine.step()
+    return [r.canvas for r in reqs], len(engine.trace)
 
 
 SHAPES = [  # (prompt length, gen, block, steps): different canvas lengths and slots per step

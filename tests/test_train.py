@@ -110,7 +110,7 @@ def test_ar_kv_decoding_equals_recomputing_everything(ar_run):
             seq.append(int(logits.argmax()))
             if seq[-1] in llm.token_ids.stop:
                 break
-        got = out.generated[r].tolist()[: len(seq) - len(p)]
+        got = out.rows[r][: len(seq) - len(p)]
         assert got == seq[len(p):]
     assert out.nfe <= 8 and out.steps[0].positions == 5 and all(s.positions == 1 for s in out.steps[1:])
 

@@ -6,7 +6,12 @@ message names the offending value. The CLI prints it on one line and exits with 
 
 
 class UnmaskError(ValueError):
-    """A problem with user input or with a checkpoint folder, with a message naming the value."""
+    """A problem with user input or with a checkpoint folder, with a message naming the value;
+    `param`, when set, is the parameter at fault (the server reports it as OpenAI's `param`)."""
+
+    def __init__(self, message: str = "", param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class CheckpointError(UnmaskError):

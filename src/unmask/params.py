@@ -2,7 +2,7 @@
 
 Each field carries its help text and its range; the CLI flags, the lm-eval model arguments and
 the benchmark grid are generated from these fields, and the policy / cache / compat names come
-from their registries (unmask.sampler.policy, unmask.cache.policy, unmask.compat). `check()`
+from their registries (unmask.sampler.policy, unmask.cache, unmask.reference.modes). `check()`
 rejects bad values with an UnmaskError that names the parameter, the value and what is allowed.
 
 Where values come from (`resolve_params`): what the caller gave, then the model's
@@ -15,8 +15,8 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 
-from unmask.cache.policy import CACHES
-from unmask.compat import COMPAT_MODES, DREAM_ALGS, get_mode
+from unmask.cache import CACHES
+from unmask.reference.modes import COMPAT_MODES, DREAM_ALGS, get_mode
 from unmask.errors import UnmaskError
 from unmask.sampler.policy import POLICIES
 from unmask.sampler.proposal import CONFIDENCES
@@ -120,12 +120,11 @@ class GenerationParams:
                 raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
             if p.total_steps % p.num_blocks:
                 raise UnmaskError(f"steps {p.total_steps} is not a multiple of the number of blocks {p.num_blocks}")
-        if p.refresh_interval is not None and not CACHES[p.cache].refreshes:
-            raise UnmaskError(f"refresh_interval {p.refresh_interval} applies to a cache that keeps KV "
-                              f"({', '.join(n for n, c in CACHES.items() if c.refreshes)}), not to cache {p.cache}")
-        for name in ("refresh_tokens", "refresh_below", "refresh_scope"):
-            if getattr(p, name) is not None and not getattr(CACHES[p.cache], "adaptive", False):
-                raise UnmaskError(f"{name} {getattr(p, name)} is a trigger of the adaptive cache (cache adaptive), "
+        knobs = CACHES[p.cache].knobs
+        for name in CACHE_KNOBS:  # a cache's settings are refused for a cache that does not read them
+            if getattr(p, name) is not None and name not in knobs:
+                takers = [n for n, c in CACHES.items() if name in c.knobs]
+                raise UnmaskError(f"{name} {getattr(p, name)} is a setting of cache {', '.join(takers)}, "
                                   f"not of cache {p.cache}")
         if p.policy == "budget" and p.confidence == "neg_entropy":
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
@@ -137,6 +136,16 @@ class GenerationParams:
 
 
 PARAM_FIELDS = {f.name: f for f in fields(GenerationParams)}
+# the fields some cache policy reads (each cache names its own in `knobs`)
+CACHE_KNOBS = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
+# what differs between requests without changing how their rows are proposed and committed
+_PER_REQUEST = ("gen_length", "steps", "seed")
+
+
+def setting_key(p: GenerationParams) -> tuple:
+    """Rows with equal keys share one proposal and one commit-policy call: every field but the
+    per-request ones, whether the request has its own generator, and the total step count."""
+    return tuple(getattr(p, f) for f in PARAM_FIELDS if f not in _PER_REQUEST) + (p.seed is not None, p.total_steps)
 
 
 def field_type(f) -> type:

@@ -4,7 +4,7 @@ Policy and cache names and what a policy's number means come from their registri
 import itertools
 from dataclasses import asdict, dataclass
 
-from unmask.cache.policy import CACHES
+from unmask.cache import CACHES
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
 from unmask.sampler.policy import POLICIES
@@ -84,28 +84,31 @@ def split_cache(entry: str) -> tuple[str, dict]:
     name, *parts = entry.split(":")
     if name not in CACHES:
         raise UnmaskError(f"unknown cache {name!r} in --caches; choose {', '.join(CACHES)}")
-    adaptive = getattr(CACHES[name], "adaptive", False)
+    knobs = CACHES[name].knobs
+    letters = {letter: f for letter, (f, _) in ENTRY_KNOBS.items() if f in knobs}
     out = {}
     for t in parts:
-        if adaptive and t in ("canvas", "suffix") and "refresh_scope" not in out:
+        if "refresh_scope" in knobs and t in ("canvas", "suffix") and "refresh_scope" not in out:
             out["refresh_scope"] = t
             continue
-        key = {"r": "refresh_interval"} if CACHES[name].refreshes else {}
-        if adaptive:
-            key.update({"t": "refresh_tokens", "p": "refresh_below"})
-        key = key.get(t[:1])
+        key = letters.get(t[:1])
         try:
             value = float(t[1:]) if key == "refresh_below" else int(t[1:])
         except ValueError:
             key = None
         if key is None or key in out or (key != "refresh_below" and value < 1):
-            allowed = "rN (refresh every N steps)" if CACHES[name].refreshes else "nothing"
-            if adaptive:
-                allowed += ", tN (refresh after N committed tokens), pC (refresh a cached step that would commit " \
-                           "below probability C), canvas or suffix"
-            raise UnmaskError(f"--caches {entry!r}: {t!r} is not a setting of cache {name}; it takes {allowed}")
+            allowed = [text for letter, (f, text) in ENTRY_KNOBS.items() if f in knobs]
+            allowed += ["canvas or suffix"] if "refresh_scope" in knobs else []
+            raise UnmaskError(f"--caches {entry!r}: {t!r} is not a setting of cache {name}; it takes "
+                              f"{', '.join(allowed) or 'nothing'}")
         out[key] = value
     return name, out
+
+
+# the letters of a --caches entry's own settings: letter -> (GenerationParams field, what it means)
+ENTRY_KNOBS = {"r": ("refresh_interval", "rN (refresh every N steps)"),
+               "t": ("refresh_tokens", "tN (refresh after N committed tokens)"),
+               "p": ("refresh_below", "pC (refresh a cached step that would commit below probability C)")}
 
 
 def parse_caches(text: str) -> list[str]:
@@ -136,7 +139,7 @@ def build_grid(policies, caches, refresh, blocks, gens, batches, model: str = "d
     grid = []
     for (policy, knob), entry, r, blk, g, b in itertools.product(policies, caches, refresh, blocks, gens, batches):
         cache, own = split_cache(entry)
-        if (not CACHES[cache].refreshes and r) or (g % blk and model != "block"):
+        if ("refresh_interval" not in CACHES[cache].knobs and r) or (g % blk and model != "block"):
             continue
         if "refresh_interval" in own:  # the entry's own interval: once, not crossed with --refresh
             if r != refresh[0]:

@@ -7,7 +7,7 @@ term). From T(n):
 
 - AR, one request:       prefill T(P) + G * T(1)
 - diffusion, no cache:   (G / tau) * T(P + G)                       every step recomputes the canvas
-- block diffusion+cache: T(P) + (G / tau) * T(block) [+ blocks * T(block) commit forwards]
+- block diffusion+cache: T(P) + (G / tau) * T(block) [+ blocks * T(block) seal forwards]
 - b concurrent requests: AR b / T(b) tok/s; diffusion tau * b / T(g * b) with g positions per step.
 
 It ignores the fixed cost of each call (kernel launches, framework overhead), which dominates
@@ -91,11 +91,11 @@ class Roofline:
         L = prompt + gen
         return math.ceil(gen / tau) * self.step(L, L)
 
-    def block_latency(self, prompt: int, gen: int, tau: float, block: int, commit_forwards: bool = False) -> float:
+    def block_latency(self, prompt: int, gen: int, tau: float, block: int, seal_forwards: bool = False) -> float:
         """Block diffusion with an exact cache: prefill, then `block` positions per step; with
-        `commit_forwards`, one extra forward per block to write it into the cache."""
+        `seal_forwards`, one extra forward per block to write it into the cache."""
         L = prompt + gen
-        steps = math.ceil(gen / tau) + (gen // block if commit_forwards else 0)
+        steps = math.ceil(gen / tau) + (gen // block if seal_forwards else 0)
         return self.step(prompt, prompt) + steps * self.step(block, L)
 
     # ---- b concurrent requests, decode phase
@@ -165,7 +165,7 @@ def seed_example() -> str:
         f"  diffusion, no cache, 1 token/step (256 x 768)    {ms(r.diffusion_latency(512, 256, 1))}",
         f"  diffusion, no cache, 4 tokens/step (64 x 768)    {ms(r.diffusion_latency(512, 256, 4))}",
         f"  block diffusion + cache, block 32, tau 4         {ms(r.block_latency(512, 256, 4, 32))}",
-        f"    + one commit forward per block (8 blocks)      {ms(r.block_latency(512, 256, 4, 32, True))}",
+        f"    + one seal forward per block (8 blocks)      {ms(r.block_latency(512, 256, 4, 32, True))}",
         "",
         "concurrent requests (decode), block diffusion G = 32, tau = 4:",
         f"  {'batch':>6} {'AR tok/s':>10} {'diffusion tok/s':>16}",
@@ -230,7 +230,7 @@ def predict(r: Roofline, prompt: int, gen: int, tau: float, block: int, batches:
             "ar": 1e3 * r.ar_latency(prompt, gen),
             "diffusion_no_cache": 1e3 * r.diffusion_latency(prompt, gen, tau),
             "block_cache": 1e3 * r.block_latency(prompt, gen, tau, block),
-            "block_cache_commit_forwards": 1e3 * r.block_latency(prompt, gen, tau, block, True),
+            "block_cache_seal_forwards": 1e3 * r.block_latency(prompt, gen, tau, block, True),
         },
         "throughput_tok_s": [
             {"batch": b, "ar": r.ar_throughput(b, ctx), "diffusion": r.diffusion_throughput(b, tau, block, ctx)}
@@ -247,7 +247,7 @@ def format_prediction(p: dict) -> str:
         f"{p['hardware']['peak_flops'] / 1e12:.2f} TFLOP/s); weights {p['model']['weight_bytes'] / 1e6:.3g} MB",
         f"one request, prompt {s['prompt']}, gen {s['gen']}, tau {s['tau']}, block {s['block']}:",
         f"  AR {lat['ar']:.1f} ms | diffusion no cache {lat['diffusion_no_cache']:.1f} ms | "
-        f"block + cache {lat['block_cache']:.1f} ms ({lat['block_cache_commit_forwards']:.1f} with commit forwards)",
+        f"block + cache {lat['block_cache']:.1f} ms ({lat['block_cache_seal_forwards']:.1f} with seal forwards)",
         f"  {'batch':>6} {'AR tok/s':>12} {'diffusion tok/s':>16}",
     ]
     for row in p["throughput_tok_s"]:

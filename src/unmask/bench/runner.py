@@ -49,6 +49,8 @@ class Measured:
             "accuracy": k / n, "accuracy_ci95": [lo, hi], "n": n,
             "per_task": {t: {"exact": sum(f) / len(f), "ci95": list(wilson_interval(sum(f), len(f))),
                              "token_accuracy": self.token_acc[t]} for t, f in sorted(self.flags.items())},
+            # every example's exact match, in order ("1"/"0"), so that any pair can be compared later
+            "flags": {t: "".join("1" if x else "0" for x in f) for t, f in sorted(self.flags.items())},
             "nfe_per_request": self.row_forwards / n,
             "tau": self.tokens / max(self.row_forwards, 1),
             "G": self.positions / max(self.row_forwards, 1),

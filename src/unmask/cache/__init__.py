@@ -1,7 +1,7 @@
-"""KV storage and the cache policies that decide which positions each forward recomputes."""
+"""Cache policies (one class per file, each registered in CACHES) and the KV storage they plan
+for. Importing the package registers every policy."""
 
-from unmask.cache.kv import StaticKV
-from unmask.cache.policy import CACHES, CachePolicy, DualCache, ForwardPlan, NoCache, PrefixCache, make_cache_policy
+from unmask.cache import adaptive, causal, dllm, dual, exact, exact_dual, none, prefix  # noqa: F401
+from unmask.cache.base import CACHES, CachePolicy, Plan, make_cache_policy, register
 
-__all__ = ["StaticKV", "CACHES", "CachePolicy", "DualCache", "ForwardPlan", "NoCache", "PrefixCache",
-           "make_cache_policy"]
+__all__ = ["CACHES", "CachePolicy", "Plan", "make_cache_policy", "register"]

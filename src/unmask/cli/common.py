@@ -126,19 +126,12 @@ def load_for_eval(a: argparse.Namespace):
     return llm, params_for(llm, a, fast=False)
 
 
-AR_FLAGS = ("gen_length", "temperature", "seed")
-
-
 def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
-    """The decoding parameters for this model: an autoregressive model takes only AR_FLAGS."""
-    if llm.arch.causal:
-        ignored = [n for n in given_params(a) if n not in AR_FLAGS]
-        if ignored:
-            flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-            raise UnmaskError(f"{flags}: not used by an autoregressive model (it decodes one token per forward "
-                              f"with its KV cache); it takes {', '.join('--' + f.replace('_', '-') for f in AR_FLAGS)}")
-        fast = False
-    return params_from_args(a, llm.generation_defaults, fast, llm.arch.block_size)
+    """The decoding parameters for this model, accepted for it (unmask.accept: the flags given are
+    what it checks an autoregressive model against)."""
+    given = given_params(a)
+    params = params_from_args(a, llm.generation_defaults, fast and not llm.arch.causal, llm.arch.block_size)
+    return llm.accept(params, given)
 
 
 FAST_TEXT = ("the checkpoint's generation_config.json, else unmask's fast defaults ("

@@ -8,7 +8,7 @@ import time
 
 from unmask.cli.common import parse_tasks, positive, progress_bar
 from unmask.errors import UnmaskError
-from unmask.files import check_figure_path, output_folder, writable_folder, write_json_atomic
+from unmask.files import check_figure_path, output_file, output_folder, writable_folder, write_json_atomic
 from unmask.params import GenerationParams
 
 
@@ -28,6 +28,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     pick = lambda name: getattr(a, name) if getattr(a, name) is not None else preset.get(name)  # noqa: E731
     if not (math.isfinite(a.tolerance) and 0 <= a.tolerance < 100):
         raise UnmaskError(f"--tolerance {a.tolerance:g} must be a number of accuracy points in [0, 100)")
+    if a.headline_of is not None:
+        return rehead(a)
     chosen = None
     if a.chosen is not None:  # measure a selection run's picks on another split; choose nothing here
         from unmask.bench.report import chosen_from
@@ -95,20 +97,39 @@ def cmd_bench(a: argparse.Namespace) -> int:
     run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update, block=block, split=a.split,
                    chosen=chosen)
     bar.close()
-    run["tolerance"] = a.tolerance / 100
-    run["headline"] = headline(run, a.tolerance / 100)
+    run["tolerance"], run["rule"] = a.tolerance / 100, a.rule
+    run["headline"] = headline(run, a.tolerance / 100, a.rule)
     write_json_atomic(path, {**run, "complete": True})
     plot_pareto(run, str(path.with_suffix(".png")))
     if cache_study(run):
         plot_caches(run, str(path.with_suffix(".caches.png")))
     print(format_table(run))
     if chosen is None:
-        print(f"\nwithin {a.tolerance:g} point(s) of the baseline's accuracy on the {a.split} split, fastest:\n"
-              + format_headline(run["headline"]))
+        print(f"\nwithin {a.tolerance:g} point(s) of the baseline's accuracy on the {a.split} split "
+              f"(rule {a.rule}), fastest:\n" + format_headline(run["headline"]))
     else:
         print(f"\nthe picks of {chosen['from']} (chosen on its {chosen['split']} split), measured on the {a.split} "
               "split:\n" + format_headline(run["headline"]))
     print(f"wrote {path} and .png", file=sys.stderr)
+    return 0
+
+
+def rehead(a: argparse.Namespace) -> int:
+    """--headline-of FILE: choose again from a finished run's measurements with --rule and
+    --tolerance (nothing is measured), rewrite its headline, print it."""
+    from unmask.bench.report import format_headline, headline
+
+    path = output_file(a.headline_of, "--headline-of")
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UnmaskError(f"--headline-of {path}: not a readable bench JSON ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(run, dict) or not run.get("complete") or not isinstance(run.get("results"), list):
+        raise UnmaskError(f"--headline-of {path}: not a finished `unmask bench` run")
+    run["tolerance"], run["rule"] = a.tolerance / 100, a.rule
+    run["headline"] = headline(run, a.tolerance / 100, a.rule)
+    write_json_atomic(path, run)
+    print(f"within {a.tolerance:g} point(s) of the baseline (rule {a.rule}), fastest:\n" + format_headline(run["headline"]))
     return 0
 
 
@@ -176,6 +197,11 @@ def add_parsers(sub) -> dict:
                    help="held-out examples 0-249 of each task (selection: choose settings here) or 250-999 (report)")
     b.add_argument("--tolerance", type=float, default=1.0,
                    help="accuracy points below the baseline that the headline's 'best' may lose (default 1)")
+    b.add_argument("--rule", default="point", choices=("point", "ci"),
+                   help="what 'within --tolerance' means for the headline's 'best': the point estimate, or "
+                        "(ci) the paired 95%% interval's lower end (non-inferiority)")
+    b.add_argument("--headline-of", default=None,
+                   help="a finished run's JSON: choose its headline again with --rule/--tolerance, measuring nothing")
     b.add_argument("--chosen", default=None,
                    help="a selection run's JSON: measure its headline picks (baseline, best, AR twin) on --split "
                         "instead of choosing again; with --batches, the picks of its first batch at each of them")

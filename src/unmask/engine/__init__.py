@@ -1,5 +1,6 @@
-"""The decode loop and its per-batch state."""
+"""The request-level engine (engine.py) and its parts: row state, scheduler, model runner,
+commit and post-step bookkeeping. The reference loops live apart, in unmask.reference."""
 
-from unmask.engine.loop import Decoded, StepRecord, decode
+from unmask.engine.engine import Engine, EngineConfig, Request, Status, StepOutput
 
-__all__ = ["Decoded", "StepRecord", "decode"]
+__all__ = ["Engine", "EngineConfig", "Request", "Status", "StepOutput"]

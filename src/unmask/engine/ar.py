@@ -1,9 +1,12 @@
-"""Autoregressive decoding with a KV cache, for causal twin models (the AR baseline).
+"""The AR twin's dedicated offline loop: greedy next-token decoding with a KV cache on the
+left-padded canvas (unmask.canvas), one batch in lockstep.
 
 One forward prefills the prompt; each further forward feeds one token and reads the cached
-keys/values. Greedy (or Gumbel-max with a temperature), batched, with finished rows leaving the
-batch as in the diffusion loop. Returns the same Decoded record, so evaluation and benchmarks
-treat both kinds of model alike.
+keys/values; finished rows leave the batch. `LLM.generate` uses it for the twin's greedy
+decode only because it is faster per forward than the request engine at this size
+(benchmarks/ar_offline.py); the engine (cache "causal") writes the same tokens (tested) and
+serves everything else: sampling with per-request generators, early_stop False, serving.
+Gumbel-max sampling here draws from one generator for the batch (used by the tests' references).
 """
 
 import time
@@ -11,9 +14,9 @@ import time
 import torch
 
 from unmask.cache.kv import StaticKV
-from unmask.engine.canvas import Canvas, retire_rows
-from unmask.engine.loop import Decoded, StepRecord
+from unmask.canvas import Canvas, retire_rows
 from unmask.models.base import DiffusionLM, TokenIds
+from unmask.trace import Decoded, ForwardRecord
 
 
 def _next_token(logits: torch.Tensor, mask_id: int, temperature: float, gen) -> torch.Tensor:
@@ -45,7 +48,7 @@ def decode_ar(
     gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
     kv = StaticKV(model.config.num_layers, L)
     row_nfe = torch.zeros(B0, dtype=torch.long, device=device)
-    steps: list[StepRecord] = []
+    steps: list[ForwardRecord] = []
     start, width = 0, P  # first forward: the whole prompt
     for t in range(P, L):
         t0 = time.perf_counter()
@@ -55,7 +58,7 @@ def decode_ar(
         row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
         done = torch.isin(c.x[:, t], stops)
         any_done = bool(done.any())
-        steps.append(StepRecord(0, c.batch, width, t == P, c.batch))
+        steps.append(ForwardRecord("full" if t == P else "window", c.batch, width, c.batch, block=0))
         if any_done:
             retire_rows(c, out, done, kv)
         steps[-1].seconds = time.perf_counter() - t0
@@ -65,4 +68,4 @@ def decode_ar(
     if c.batch:
         out[c.rows] = c.x
     nfe = row_nfe.tolist()
-    return Decoded(out.cpu(), P, nfe, [[1] * n for n in nfe], steps, "ar-kv")
+    return Decoded(out[:, P:].tolist(), nfe, [[1] * n for n in nfe], steps, "causal", P)

@@ -54,9 +54,11 @@ class Observer:
     _since: dict[str, int] = field(default_factory=dict)
 
     def observe(self, engine, kind: str, idx: torch.Tensor, s: torch.Tensor, W: int, logits: torch.Tensor,
-                fresh, last_commit) -> None:
+                fresh, done) -> None:
+        """One forward of the engine's step: its cached logits, the fresh forward's (logits and the
+        recorder of fresh K/V), and what it committed (unmask.engine.commit.Committed)."""
         fresh_logits, rec = fresh
-        commit, tokens, cand = last_commit
+        commit, tokens, cand = done.commit, done.tokens, done.candidates
         r = engine.rows
         lp_c = torch.log_softmax(logits.float(), -1)
         lp_f = torch.log_softmax(fresh_logits.float(), -1)

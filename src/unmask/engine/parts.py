@@ -1,35 +1,27 @@
-"""The parts the decode loop composes, built from checked GenerationParams: proposal
-configuration, commit policy, schedule, cache policy, and the loop rules (native, or those of a
-compat mode from unmask.compat)."""
+"""The parts a request's rows are decoded with, built once from its checked GenerationParams:
+the proposal configuration, the commit policy, the cache policy and whether the row stops at its
+end of text."""
 
 from dataclasses import dataclass
 
 import torch
 
-from unmask.cache.policy import CachePolicy, make_cache_policy
-from unmask.compat import NATIVE, LoopRules, get_mode
+from unmask.cache import CachePolicy, make_cache_policy
 from unmask.models.base import TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.policy import CommitPolicy, make_policy
 from unmask.sampler.proposal import ProposalConfig
-from unmask.sampler.schedule import EvenSchedule, Schedule
 
 
 @dataclass
 class DecodeParts:
     proposal: ProposalConfig
     policy: CommitPolicy
-    schedule: Schedule
     cache: CachePolicy
-    rules: LoopRules
+    early_stop: bool
 
 
 def build_parts(p: GenerationParams, tokens: TokenIds) -> DecodeParts:
-    cache = make_cache_policy(p)
-    if p.compat is not None:
-        mode = get_mode(p.compat)
-        proposal, policy, schedule = mode.parts(p, tokens.mask)
-        return DecodeParts(proposal, policy, schedule, cache, mode.rules)
     policy = make_policy(p)
     proposal = ProposalConfig(
         mask_id=tokens.mask,
@@ -40,5 +32,4 @@ def build_parts(p: GenerationParams, tokens: TokenIds) -> DecodeParts:
         precision=torch.float32,
         need_entropy=policy.needs_entropy,
     )
-    rules = NATIVE if p.early_stop else LoopRules(early_stop=False)
-    return DecodeParts(proposal, policy, EvenSchedule(p.steps_per_block), cache, rules)
+    return DecodeParts(proposal, policy, make_cache_policy(p), p.early_stop)

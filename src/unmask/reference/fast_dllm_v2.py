@@ -2,7 +2,7 @@
 (`compat fast-dllm-v2`; reference-semantics.md §7 and §7.1).
 
 This is the reference's own lockstep loop, kept apart from the request engine (which runs block
-models natively, with the commit forward fused into the next block's first step). What it
+models natively, with the seal forward fused into the next block's first step). What it
 reproduces:
 - prompts right-padded with MASK to the longest: the padding of shorter prompts is generated too,
   and a row gets `gen_length // B + longest // B` blocks counted from position 0;
@@ -17,7 +17,7 @@ reproduces:
   against the block's K/V; without it (cache "exact") the whole block every step;
 - stop handling: a row is finished once a denoising step commits the stop token; the block is
   still completed for every row; then finished rows are padded after their first stop token,
-  and unless every row finished, one commit forward writes the block's exact K/V and its last
+  and unless every row finished, one seal forward writes the block's exact K/V and its last
   logit's argmax becomes the next block's first token (pad, the tokenizer's pad id, for finished
   rows; which other rows take it follows how upstream writes the block back into its `input_ids`,
   see below); finished rows then leave the batch. Stop tokens proposed by a prefill or commit
@@ -27,30 +27,20 @@ The per-step work is batched tensor code with one host read per step, as in the 
 """
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from unmask.cache.kv import StaticKV
-from unmask.engine.engine import ForwardRecord
 from unmask.errors import UnmaskError
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
-
-
-@dataclass
-class BlockDecoded:
-    rows: list[list[int]]  # per row: the ids after its prompt, to the end of its output
-    row_nfe: list[int]
-    row_commits: list[list[int]]
-    steps: list[ForwardRecord] = field(default_factory=list)
-    cache: str = "exact"
-    prompt_len: int = 0
+from unmask.sampler.stops import first_stop
+from unmask.trace import Decoded, ForwardRecord
 
 
 @torch.inference_mode()
 def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]],
-                        params: GenerationParams) -> BlockDecoded:
+                        params: GenerationParams) -> Decoded:
     bs, sub = model.config.block_size, params.block_length
     if not bs or model.config.logit_shift != 1:
         raise UnmaskError("compat 'fast-dllm-v2' needs a block-diffusion model with token shift (Fast-dLLM v2)")
@@ -65,11 +55,12 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
                           "prompts longer than a block)")
     device = next(model.parameters()).device
     mask, stop = tokens.mask, tokens.eos
+    stop_ids = torch.tensor([stop], device=device)
     pad = tokens.pad if tokens.pad is not None else tokens.eos
     lens = torch.tensor([len(p) for p in prompts], device=device)
     B, min_len, max_len = len(prompts), min(map(len, prompts)), max(map(len, prompts))
     num_blocks = params.gen_length // bs + max_len // bs
-    width = num_blocks * bs + 1  # each block's commit forward appends the next block's first token
+    width = num_blocks * bs + 1  # each block's seal forward appends the next block's first token
     x = torch.full((B, width), mask, dtype=torch.long, device=device)
     for r, p in enumerate(prompts):  # host-side setup, once per batch
         x[r, : len(p)] = torch.tensor(p, device=device)
@@ -88,10 +79,10 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
         per_row = committed if committed is not None else torch.zeros_like(rows)
         log.append(torch.full((B,), -1, dtype=torch.long, device=device).index_copy_(0, rows, per_row))
         trace.append(ForwardRecord(kind, rows.numel(), q, per_row.sum(), time.perf_counter() - t0,
-                                   rows.numel() if kind == "commit" else 0))
+                                   rows.numel() if kind == "seal" else 0))
 
     # the width of upstream's `input_ids` (the right-padded prompts, then the canvas through the
-    # last block's trailing token): it decides which rows take a commit forward's next token
+    # last block's trailing token): it decides which rows take a seal forward's next token
     width_in = max_len + (min_len == max_len and min_len % bs == 0)
     prefill = min_len // bs * bs
     if prefill:
@@ -128,14 +119,12 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
                 finished |= (commit & (tok == stop)).any(-1)
                 record("window", q, commit.sum(-1), t0)
         cols = torch.arange(width, device=device)[None, :]
-        after = cols >= lens[:, None]
-        is_stop = (x == stop) & after
-        first_stop = torch.where(is_stop.any(-1), is_stop.int().argmax(-1), width)
-        x = torch.where(finished[:, None] & (cols > first_stop[:, None]), pad, x)
+        _, stop_at = first_stop(x, stop_ids, cols >= lens[:, None])  # the first stop after the prompt
+        x = torch.where(finished[:, None] & (cols > stop_at[:, None]), pad, x)
         if bool(finished.all()):
             e_out = e0
             break
-        t0 = time.perf_counter()  # the commit forward: exact K/V of the block, and the next block's first token
+        t0 = time.perf_counter()  # the seal forward: exact K/V of the block, and the next block's first token
         last = model(x[:, s0:e0], pos[:, s0:e0], kv, s0, None, slice(bs - 1, bs))[:, -1]
         # which rows take the next token, as upstream writes x_t back into input_ids: every row when
         # every prompt ends in this block or input_ids is no wider than this block plus one (then
@@ -148,7 +137,7 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
             ends_here = torch.ones_like(ends_here)
             width_in = e0 + 1
         x[:, e0] = torch.where(finished, pad, torch.where(ends_here, last.argmax(-1), x[:, e0]))
-        record("commit", bs, None, t0)
+        record("seal", bs, None, t0)
         e_out = e0 + 1
         if bool(finished.any()):
             gone = finished.nonzero().squeeze(-1).tolist()
@@ -162,5 +151,5 @@ def decode_fast_dllm_v2(model: DiffusionLM, tokens: TokenIds, prompts: list[list
     steps_log = torch.stack(log, 0).T.tolist() if log else [[] for _ in range(B)]
     for rec in trace:
         rec.committed = int(rec.committed)
-    return BlockDecoded([out[r][len(prompts[r]):] for r in range(B)], nfe.tolist(),
+    return Decoded([out[r][len(prompts[r]):] for r in range(B)], nfe.tolist(),
                         [[n for n in row if n >= 0] for row in steps_log], trace, params.cache, max_len)

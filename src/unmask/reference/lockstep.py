@@ -1,61 +1,54 @@
-"""The denoising loop: blocks left to right; each step is one forward (NFE), one proposal, one
-commit. Everything inside a step is batched tensor code; the only host sync per step is a single
-small tensor read that decides whether the block is done and whether rows finished."""
+"""The references' own lockstep loop (LLaDA, Fast-dLLM v1, Dream; `compat` modes): one batch of
+left-padded prompts, blocks left to right in lockstep, each step one forward, one proposal, one
+commit, exactly as the reference samplers do it. Everything inside a step is batched tensor
+code; the only host sync per step is one small read that decides whether the block is done and
+whether rows finished. Native decoding never runs here (unmask.engine)."""
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from unmask.cache.kv import StaticKV
-from unmask.cache.policy import ForwardPlan
-from unmask.engine.canvas import Canvas, finished_rows, retire_rows
-from unmask.engine.parts import DecodeParts, build_parts
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
+from unmask.canvas import Canvas, finished_rows, retire_rows
+from unmask.reference.modes import get_mode
 from unmask.sampler.proposal import propose
+from unmask.trace import Decoded, ForwardRecord
 
 
-@dataclass
-class StepRecord:
-    block: int
-    rows: int  # rows in the forward
-    positions: int  # canvas columns recomputed per row
-    refresh: bool  # full-canvas forward
-    committed: int  # tokens committed over all rows
-    seconds: float = 0.0
+@dataclass(frozen=True)
+class Window:
+    """The columns one reference step recomputes."""
+
+    start: int
+    end: int
+    use_kv: bool  # read/write the KV buffer (False: a plain full forward)
+    refresh: bool  # the whole canvas is recomputed (exact logits)
 
 
-@dataclass
-class Decoded:
-    """Raw result of one batch: the final canvases and the trace."""
-
-    canvas: torch.Tensor  # (B, P + G) final tokens per original row (MASK where never committed)
-    prompt_len: int
-    row_nfe: list[int]  # forwards each row took part in
-    row_commits: list[list[int]]  # tokens committed per step, per row (steps the row was active)
-    steps: list[StepRecord] = field(default_factory=list)
-    cache: str = "none"
-
-    @property
-    def generated(self) -> torch.Tensor:
-        return self.canvas[:, self.prompt_len :]
-
-    @property
-    def nfe(self) -> int:
-        return len(self.steps)
+def reference_window(cache: str, refresh_interval: int | None, step: int, s: int, e: int, length: int,
+                     shift: int) -> Window:
+    """Fast-dLLM v1's caches as its `generate_with_prefix_cache` / `generate_with_dual_cache` run
+    them: a refresh of the whole canvas at the block start (and every `refresh_interval` steps),
+    otherwise [s, L) (prefix) or [s, e) (dual) against the cached K/V; no cache: the canvas."""
+    if cache == "none":
+        return Window(0, length, False, True)
+    if step == 0 or (refresh_interval is not None and step % refresh_interval == 0):
+        return Window(0, length, True, True)
+    return Window(s - shift, length if cache == "prefix" else e, True, False)
 
 
-def _forward(model: DiffusionLM, c: Canvas, kv: StaticKV | None, plan: ForwardPlan, lo: int, e: int, full: bool):
+def _forward(model: DiffusionLM, c: Canvas, kv: StaticKV | None, w: Window, lo: int, e: int, full: bool):
     """Logits for token columns [lo, e), or for the whole window when `full` (then aligned so that
     entry j of the window scores window column j, as the references see it)."""
     shift = model.config.logit_shift
-    qs, qe = plan.start, plan.end
-    ids, pos = c.x[:, qs:qe], c.positions[:, qs:qe]
-    kv_in = kv if plan.use_kv else None
+    ids, pos = c.x[:, w.start : w.end], c.positions[:, w.start : w.end]
+    kv_in = kv if w.use_kv else None
     if not full:
-        return model(ids, pos, kv_in, qs, c.key_mask, slice(lo - shift - qs, e - shift - qs))
-    logits = model(ids, pos, kv_in, qs, c.key_mask, None)
+        return model(ids, pos, kv_in, w.start, c.key_mask, slice(lo - shift - w.start, e - shift - w.start))
+    logits = model(ids, pos, kv_in, w.start, c.key_mask, None)
     if shift:
         logits = torch.cat([logits[:, :shift], logits[:, :-shift]], dim=1)
     return logits
@@ -64,9 +57,10 @@ def _forward(model: DiffusionLM, c: Canvas, kv: StaticKV | None, plan: ForwardPl
 class _Decoder:
     """State of one batch through the loop: canvas, KV buffer, trace."""
 
-    def __init__(self, model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
-                 parts: DecodeParts) -> None:
-        self.model, self.params, self.parts, self.rules = model, params, parts, parts.rules
+    def __init__(self, model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams) -> None:
+        mode = get_mode(params.compat)
+        self.model, self.params, self.rules = model, params, mode.rules
+        self.proposal, self.policy, self.schedule = mode.parts(params, tokens.mask)
         device = next(model.parameters()).device
         self.mask = tokens.mask
         pad = tokens.pad if tokens.pad is not None else tokens.eos
@@ -74,10 +68,10 @@ class _Decoder:
         self.out = self.c.x.clone()
         self.stop_ids = torch.tensor(tokens.stop, device=device)
         self.gen = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
-        self.kv = StaticKV(model.config.num_layers, self.c.length) if parts.cache.stores_kv else None
+        self.kv = StaticKV(model.config.num_layers, self.c.length) if params.cache != "none" else None
         self.row_nfe = torch.zeros(self.c.batch, dtype=torch.long, device=device)
         self.commit_log: list[torch.Tensor] = []
-        self.steps: list[StepRecord] = []
+        self.steps: list[ForwardRecord] = []
 
     def run(self) -> Decoded:
         P, blk = self.c.prompt_len, self.params.block_length
@@ -91,10 +85,10 @@ class _Decoder:
         B0 = self.out.shape[0]
         log = torch.stack(self.commit_log, 0).T.tolist() if self.commit_log else [[] for _ in range(B0)]
         row_commits = [[n for n in row if n >= 0] for row in log]
-        return Decoded(self.out.cpu(), P, self.row_nfe.tolist(), row_commits, self.steps, self.parts.cache.name)
+        return Decoded(self.out[:, P:].tolist(), self.row_nfe.tolist(), row_commits, self.steps, self.params.cache, P)
 
     def block(self, b: int, s: int, e: int) -> None:
-        self.parts.schedule.start_block((self.c.x[:, s:e] == self.mask).sum(-1))
+        self.schedule.start_block((self.c.x[:, s:e] == self.mask).sum(-1))
         i = 0
         while True:
             t0 = time.perf_counter()
@@ -111,22 +105,22 @@ class _Decoder:
 
     def step(self, b: int, i: int, s: int, e: int) -> tuple[bool, bool]:
         """One forward, one proposal, one commit; then retire finished rows. One host sync."""
-        c, parts, rules, mask = self.c, self.parts, self.rules, self.mask
+        c, rules, mask, p = self.c, self.rules, self.mask, self.params
         P = c.prompt_len
-        plan = parts.cache.plan(i, s, e, c.length, self.model.config.logit_shift)
-        lo = P if (plan.refresh and rules.candidates_before_block_end) else s
-        logits = _forward(self.model, c, self.kv, plan, lo, e, rules.score_full_window)
-        prop = propose(logits, parts.proposal, self.gen)
+        w = reference_window(p.cache, p.refresh_interval, i, s, e, c.length, self.model.config.logit_shift)
+        lo = P if (w.refresh and rules.candidates_before_block_end) else s
+        logits = _forward(self.model, c, self.kv, w, lo, e, rules.score_full_window)
+        prop = propose(logits, self.proposal, self.gen)
         cand = c.x[:, lo:e] == mask
-        quota = parts.schedule.quota(i, cand.sum(-1)) if parts.policy.uses_schedule else None
+        quota = self.schedule.quota(i, cand.sum(-1)) if self.policy.uses_schedule else None
         if rules.score_full_window:  # select over the reference's row: the whole recomputed window
-            a, z = lo - plan.start, e - plan.start
+            a, z = lo - w.start, e - w.start
             wide = torch.zeros_like(prop.tokens, dtype=torch.bool)
             wide[:, a:z] = cand
-            commit = parts.policy.select(prop.score, prop.entropy, wide, quota, i, self.gen)[:, a:z]
+            commit = self.policy.select(prop.score, prop.entropy, wide, quota, i, self.gen)[:, a:z]
             tokens = prop.tokens[:, a:z]
         else:
-            commit = parts.policy.select(prop.score, prop.entropy, cand, quota, i, self.gen)
+            commit = self.policy.select(prop.score, prop.entropy, cand, quota, i, self.gen)
             tokens = prop.tokens
         c.x[:, lo:e] = torch.where(commit, tokens, c.x[:, lo:e])
 
@@ -137,20 +131,16 @@ class _Decoder:
         still_open = (c.x[:, s:e] == mask).any(-1)
         done = finished_rows(c.x[:, P:], mask, self.stop_ids) if rules.early_stop else torch.zeros_like(still_open)
         any_open, any_done, n_committed = torch.stack([still_open.any(), done.any(), per_row.sum()]).tolist()
-        self.steps.append(StepRecord(b, c.batch, plan.end - plan.start, plan.refresh, int(n_committed)))
+        self.steps.append(ForwardRecord("full" if w.refresh else "window", c.batch, w.end - w.start, int(n_committed),
+                                        block=b))
         if any_done:
-            keep = retire_rows(c, self.out, done, parts.schedule, self.kv)
+            keep = retire_rows(c, self.out, done, self.schedule, self.kv)
             any_open = bool(still_open[keep].any()) if c.batch else False
         return bool(any_open), n_committed > 0
 
 
 @torch.inference_mode()
-def decode(
-    model: DiffusionLM,
-    tokens: TokenIds,
-    prompts: list[list[int]],
-    params: GenerationParams,
-    parts: DecodeParts | None = None,
-) -> Decoded:
-    """Decode a batch of tokenised prompts. `params` must already be checked."""
-    return _Decoder(model, tokens, prompts, params, parts or build_parts(params, tokens)).run()
+def decode_reference(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams) -> Decoded:
+    """Decode a batch of tokenised prompts as the reference of `params.compat` does (params
+    accepted: unmask.accept)."""
+    return _Decoder(model, tokens, prompts, params).run()

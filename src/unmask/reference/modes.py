@@ -1,15 +1,15 @@
-"""Compatibility modes: everything that changes when unmask reproduces a reference sampler token
-for token (`GenerationParams(compat=...)`, `--compat`), in one place.
+"""Reference modes (`GenerationParams(compat=...)`, `--compat`): what each reproduced reference
+sampler supports and how the reference loops run it.
 
 A mode maps its name to
 - the parameters it supports and what it implies (`resolve`, `check`),
 - the prompts it accepts (`check_prompts`: the references attend to padding, Dream's needs a
   Dream model),
-- its decoding parts (`parts`: proposal configuration, commit policy, schedule),
-- the loop rules by which it deviates from native decoding (`LoopRules`).
-The native path uses none of this. A new mode is one class here plus `@register`. Semantics of
-each reference: shared/docs/reference-semantics.md. Fast-dLLM v2 (`block_loop`) runs its own
-reference loop (unmask.engine.blockloop) instead of the lockstep loop and its parts.
+- its decoding parts for the lockstep loop (`parts`: proposal configuration, commit policy,
+  schedule) and the rules by which that loop follows the reference (`LoopRules`),
+- or, with `block_loop`, its own loop (Fast-dLLM v2: unmask.reference.fast_dllm_v2).
+Native decoding (unmask.engine) uses none of this. A new mode is one class here plus `@register`.
+Semantics of each reference: shared/docs/reference-semantics.md.
 """
 
 from dataclasses import dataclass, replace
@@ -26,7 +26,7 @@ from unmask.sampler.schedule import EvenSchedule, Schedule
 
 @dataclass(frozen=True)
 class LoopRules:
-    """How the decode loop deviates from native semantics to reproduce a reference."""
+    """How the lockstep loop follows a reference where it differs from native decoding."""
 
     # at a full-canvas forward, candidates are all masks before the block end (not only the block)
     candidates_before_block_end: bool = False
@@ -39,7 +39,6 @@ class LoopRules:
     early_stop: bool = True
 
 
-NATIVE = LoopRules()
 COMPAT_MODES = Registry("compat", instances=True)  # name -> CompatMode instance
 register = COMPAT_MODES.register
 
@@ -56,7 +55,7 @@ class CompatMode:
     caches: ClassVar[tuple[str, ...]]
     top_k_top_p: ClassVar[bool] = False
     equal_length_prompts: ClassVar[bool] = True  # the reference attends to padding
-    block_loop: ClassVar[bool] = False  # runs unmask.engine.blockloop (Fast-dLLM v2), not the lockstep loop
+    block_loop: ClassVar[bool] = False  # runs unmask.reference.fast_dllm_v2, not the lockstep loop
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 

@@ -1,5 +1,5 @@
 """Schedules: how many tokens a fixed-count policy commits at step i of a block. (Dream's
-timestep schedule is part of its compat mode, in unmask.compat.)"""
+timestep schedule is part of its reference mode, in unmask.reference.modes.)"""
 
 from typing import Protocol
 
@@ -17,6 +17,14 @@ class Schedule(Protocol):
         """Drop finished rows: keep (B_new,) indices into the current rows."""
 
 
+def even_split(n: torch.Tensor, steps: torch.Tensor, width: int) -> torch.Tensor:
+    """LLaDA's even schedule, per row: n[b] tokens over steps[b] steps, n // steps each and the
+    remainder one more on the first steps; (B, width) with zeros past a row's steps."""
+    cols = torch.arange(width, device=n.device)[None, :]
+    steps = steps[:, None]
+    return torch.where(cols < steps, n[:, None] // steps + (cols < (n[:, None] % steps)).long(), 0)
+
+
 class EvenSchedule:
     """LLaDA's schedule: n masks over `steps` steps, floor(n/steps) each, the remainder first."""
 
@@ -25,10 +33,7 @@ class EvenSchedule:
         self.table: torch.Tensor | None = None
 
     def start_block(self, masked: torch.Tensor) -> None:
-        base = masked // self.steps
-        rem = masked % self.steps
-        extra = torch.arange(self.steps, device=masked.device)[None, :] < rem[:, None]
-        self.table = base[:, None] + extra.long()
+        self.table = even_split(masked, torch.full_like(masked, self.steps), self.steps)
 
     def quota(self, step: int, remaining: torch.Tensor) -> torch.Tensor:
         if step >= self.steps:  # only reachable when a quota could not be met: finish the block

@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from unmask.engine.engine import Engine, EngineConfig, Request, StepOutput
+from unmask.engine import Engine, EngineConfig, Request, StepOutput
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
 

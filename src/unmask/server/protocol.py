@@ -1,4 +1,5 @@
-"""OpenAI-compatible request bodies, with unmask's diffusion knobs as extra fields.
+"""OpenAI-compatible request bodies, with unmask's diffusion knobs as extra fields (generated from
+GenerationParams' fields, so a new knob is a request field without a line here).
 
 Unknown fields are refused (400) rather than ignored, so a misspelt knob never silently does
 nothing; the OpenAI fields that unmask accepts but cannot honour are listed with the values it
@@ -6,9 +7,10 @@ takes (e.g. `logprobs` only false)."""
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from unmask.errors import UnmaskError
+from unmask.params import PARAM_FIELDS, field_type
 
 
 class StreamOptions(BaseModel):
@@ -16,7 +18,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+# GenerationParams fields a request may set as extra fields, under their own names: every field
+# but the ones OpenAI names itself (temperature, top_p, seed), the one vLLM names (early_stop is
+# `ignore_eos`) and the reference modes (not served: they run as their own batch offline)
+OPENAI_NAMED = ("temperature", "top_p", "seed", "early_stop")
+NOT_SERVED = ("compat", "alg", "eps")
+EXTRA_FIELDS = tuple(f for f in PARAM_FIELDS if f not in OPENAI_NAMED + NOT_SERVED)
+
+
+class _OpenAI(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -33,25 +43,14 @@ class _Common(BaseModel):
     logprobs: Literal[False] | None = None
     frequency_penalty: Literal[0, 0.0] | None = None
     presence_penalty: Literal[0, 0.0] | None = None
-    # diffusion knobs (GenerationParams fields)
-    gen_length: int | None = None
-    block_length: int | None = None
-    steps: int | None = None
-    policy: str | None = None
-    remasking: str | None = None
-    confidence: str | None = None
-    threshold: float | None = None
-    factor: float | None = None
-    gamma: float | None = None
-    budget: float | None = None
-    cache: str | None = None
-    refresh_interval: int | None = None
-    refresh_tokens: int | None = None
-    refresh_below: float | None = None
-    refresh_scope: str | None = None
-    top_k: int | None = None
     ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
 
+
+_Knobs = create_model("_Knobs", __base__=_OpenAI,
+                      **{f: (field_type(PARAM_FIELDS[f]) | None, None) for f in EXTRA_FIELDS})
+
+
+class _Common(_Knobs):
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops) or len(stops) > 8:
@@ -64,12 +63,9 @@ class _Common(BaseModel):
         if self.gen_length and (self.max_tokens or self.max_completion_tokens) and \
                 self.gen_length != (self.max_tokens or self.max_completion_tokens):
             raise UnmaskError("give gen_length or max_tokens, not two different lengths")
-        out = {"gen_length": length, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-               "early_stop": False if self.ignore_eos else None}
-        for name in ("block_length", "steps", "policy", "remasking", "confidence", "threshold", "factor", "gamma",
-                     "budget", "cache", "refresh_interval", "refresh_tokens", "refresh_below",
-                     "refresh_scope", "top_k"):
-            out[name] = getattr(self, name)
+        out = {f: getattr(self, f) for f in EXTRA_FIELDS}
+        out.update(gen_length=length, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+                   early_stop=False if self.ignore_eos else None)
         return out
 
 

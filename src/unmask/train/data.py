@@ -1,6 +1,6 @@
 """Tokenizer and batches for the task suite.
 
-Layout is decoding's, by construction (one function, unmask.engine.canvas.left_padded):
+Layout is decoding's, by construction (one function, unmask.canvas.left_padded):
 [pad.. BOS prompt | answer, end-of-text padding to gen_length]. Prompts are left-padded with
 <|pad|> (masked out of attention, positions counted from the first real token), so a trained
 model sees at training time the canvas it decodes at inference time.
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from unmask.engine.canvas import left_padded
+from unmask.canvas import left_padded
 from unmask.tasks import TASKS, Example, held_out
 from unmask.tasks.suite import GENERATORS, vocabulary
 
@@ -109,7 +109,7 @@ def _encode(examples: list[Example], tok: Tokenizer, gen_length: int) -> list[tu
 
 
 def _batch(enc: list[tuple[list[int], list[int]]], tok: Tokenizer, gen_length: int) -> Batch:
-    """Decoding's own canvas layout (unmask.engine.canvas.left_padded), with each answer and its
+    """Decoding's own canvas layout (unmask.canvas.left_padded), with each answer and its
     end-of-text padding written where decoding has masks."""
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
     ids, positions, key_mask = left_padded([p for p, _ in enc], gen_length, pad, eos)

@@ -11,7 +11,7 @@ import torch
 
 from unmask.errors import UnmaskError
 from unmask.files import output_folder, writable_folder
-from unmask.llm import resolve_model_path
+from unmask.loading import resolve_model_path
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
 from unmask.progress import Progress

@@ -1,14 +1,19 @@
-"""Per-batch decoding state: the canvas of token ids, positions, padding and row identities."""
+"""The reference samplers' canvas: prompts left-padded to a common length, so that block
+boundaries are the same columns in every row (LLaDA's and Dream's samplers and their evals pad
+that way). The reference loops and the AR twin's offline loop decode on it, and training builds
+its batches in the same layout (unmask.train.data). The request engine does not: each of its
+rows has its own right-padded canvas (unmask.engine.rows)."""
 
 from dataclasses import dataclass
 
 import torch
 
+from unmask.sampler.stops import first_stop
+
 
 def left_padded(prompts: list[list[int]], tail: int, pad_id: int, fill_id: int):
-    """The one canvas layout, shared by decoding and training: each prompt left-padded with
-    `pad_id` to the longest prompt length P, then `tail` columns of `fill_id` (MASK when decoding;
-    the answer and end-of-text padding are written there when training).
+    """Each prompt left-padded with `pad_id` to the longest prompt length P, then `tail` columns
+    of `fill_id` (MASK when decoding; the answer and end-of-text padding when training).
     Returns x (B, P + tail) ids, positions (B, P + tail) counted from each row's first real
     token (0 on padding), and key_mask (B, P + tail), True = real token, or None when no row
     is padded."""
@@ -82,9 +87,7 @@ def retire_rows(c: Canvas, out: torch.Tensor, done: torch.Tensor, *others) -> to
 def finished_rows(gen: torch.Tensor, mask_id: int, stop_ids: torch.Tensor) -> torch.Tensor:
     """(B, G) generated region -> (B,) bool: the row has committed a stop token and every
     position before its first stop token is committed."""
-    is_stop = torch.isin(gen, stop_ids)
-    has_stop = is_stop.any(-1)
-    first = torch.where(has_stop, is_stop.int().argmax(-1), gen.shape[-1])
+    has_stop, first = first_stop(gen, stop_ids)
     cols = torch.arange(gen.shape[-1], device=gen.device)[None, :]
     masked_before = ((gen == mask_id) & (cols < first[:, None])).any(-1)
     return has_stop & ~masked_before

@@ -1,0 +1,107 @@
+"""One forward's decisions for its rows: proposals, what each row's commit policy commits, the
+cache policy's doubt about a cached step, and the write into the canvases."""
+
+from dataclasses import dataclass
+
+import torch
+
+from unmask.engine.parts import DecodeParts
+from unmask.engine.rows import RowState
+from unmask.sampler.proposal import propose
+
+
+@dataclass
+class Committed:
+    """What one forward committed, for rows `idx` (all (B, ...) in idx order)."""
+
+    idx: torch.Tensor
+    counts: torch.Tensor  # (B,) tokens committed per row
+    doubted: torch.Tensor | None  # (B,) the row's cache doubted this cached step (it committed nothing)
+    commit: torch.Tensor  # (B, W) committed block columns
+    tokens: torch.Tensor  # (B, W) proposals
+    candidates: torch.Tensor  # (B, W) masked block columns before the commit
+
+
+class Committer:
+    def __init__(self, rows: RowState, parts: dict[int, DecodeParts], mask_id: int, generators: dict) -> None:
+        self.rows, self.parts, self.mask, self.generators = rows, parts, mask_id, generators
+
+    def commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool,
+               watching: bool) -> Committed:
+        """Propose, select and write for rows `idx`, one call per distinct setting among the
+        running rows (a few groups, not one per row). With `verify` (the step's first cached
+        window) a cache policy that verifies may doubt its rows' step: they commit nothing here and
+        the step recomputes them."""
+        r = self.rows
+        ar = torch.arange(W, device=r.device)[None, :]
+        valid = ar < (r.e - s)[idx, None]
+        cols = torch.where(valid, s[idx, None] + ar, r.cap)
+        x = r.x[idx]
+        cand = (x.gather(1, cols) == self.mask) & valid
+        tokens = torch.zeros_like(cols)
+        commit = torch.zeros_like(cand)
+        doubt = torch.zeros(idx.numel(), dtype=torch.bool, device=r.device)
+        cfgs = r.cfg[idx]
+        distinct = sorted(set(r.settings))
+        for cfg in distinct:
+            if len(distinct) == 1:  # one setting (the usual case): every row, no index to compute
+                sel = torch.arange(idx.numel(), device=r.device)
+            else:
+                sel = (cfgs == cfg).nonzero().squeeze(-1)
+                if sel.numel() == 0:
+                    continue
+            parts = self.parts[cfg]
+            tok, score, ent = self._propose(parts, idx[sel], logits[sel])
+            quota = None
+            if parts.policy.uses_schedule:
+                q = r.quota[idx[sel]].gather(1, r.step[idx[sel], None].clamp(max=r.quota.shape[1] - 1)).squeeze(1)
+                over = r.step[idx[sel]] >= r.spb[idx[sel]]  # a quota could not be met: finish the block
+                quota = torch.where(over, cand[sel].sum(-1), q)
+            # native policies ignore the step index (only Dream's compat policy reads it)
+            c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
+            if verify and parts.cache.verifies:
+                lg = logits[sel].float()  # the probability of each proposed token, without a full softmax
+                prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
+                doubt[sel] = parts.cache.doubts(prob, c)
+            tokens[sel], commit[sel] = tok, c
+        if watching:
+            self._show(idx, s, cols, cand & ~commit, tokens)
+        if verify:
+            commit = commit & ~doubt[:, None]
+        new = torch.where(commit, tokens, x.gather(1, cols))
+        x.scatter_(1, cols, new)
+        x[:, r.cap] = r.pad_id
+        r.x[idx] = x
+        return Committed(idx, commit.sum(-1), doubt if verify else None, commit, tokens, cand)
+
+    def _show(self, idx, s, cols, still_open, tokens) -> None:
+        """The playground's view of watched rows: what each open position would become this step."""
+        r = self.rows
+        watched = [i for i, row in enumerate(idx.tolist()) if r.reqs[row].watch]
+        if not watched:
+            return
+        open_ = still_open[watched].tolist()
+        props, where = tokens[watched].tolist(), (cols[watched] - s[idx[watched], None]).tolist()
+        for k, i in enumerate(watched):
+            req = r.reqs[int(idx[i])]
+            base = int(s[idx[i]]) - int(r.P[idx[i]])
+            req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
+
+    def _propose(self, parts: DecodeParts, idx: torch.Tensor, logits: torch.Tensor):
+        """Proposals for rows of one setting: batched, except that a row with its own random
+        generator (a seed, with sampling or random order) draws alone, from its own generator and
+        in its own shape, so its draws do not depend on the other rows."""
+        cfg = parts.proposal
+        sampled = cfg.temperature > 0 or cfg.confidence == "random"
+        if not sampled:
+            p = propose(logits, cfg, None)
+            return p.tokens, p.score, p.entropy
+        width = (self.rows.e - self.rows.s)[idx].tolist()
+        out = [propose(logits[i : i + 1, : width[i]], cfg, self.generators.get(self.rows.reqs[row].id))
+               for i, row in enumerate(idx.tolist())]
+        W = logits.shape[1]
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
+        tokens = torch.cat([pad(p.tokens, self.mask) for p in out])
+        score = torch.cat([pad(p.score, -torch.inf) for p in out])
+        ent = None if out[0].entropy is None else torch.cat([pad(p.entropy, torch.inf) for p in out])
+        return tokens, score, ent

@@ -1,0 +1,78 @@
+"""A request's record in the engine, what a step reports for it, and the engine's settings."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from unmask.engine.parts import DecodeParts
+from unmask.errors import UnmaskError
+from unmask.params import GenerationParams
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 64  # requests decoded together
+    max_num_batched_tokens: int = 16384  # positions computed per step, over all rows
+    max_waiting: int = 4096  # queued requests beyond which add_request refuses
+    # "continuous": a request joins at the next step. "static" (the baseline that the load
+    # benchmark compares with): a batch is admitted only when the running one has drained, once
+    # max_num_seqs requests wait or the oldest has waited static_wait seconds
+    scheduling: str = "continuous"
+    static_wait: float = 0.05
+    # forward records kept in Engine.trace (a ring: the newest); None keeps every one (offline batches)
+    trace_limit: int | None = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise UnmaskError(f"{name} {v!r} must be a positive integer")
+        if self.scheduling not in ("continuous", "static"):
+            raise UnmaskError(f"scheduling {self.scheduling!r} must be continuous or static")
+        if not (isinstance(self.static_wait, (int, float)) and 0 <= self.static_wait < 3600):
+            raise UnmaskError(f"static_wait {self.static_wait!r} must be seconds in [0, 3600)")
+        t = self.trace_limit
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+            raise UnmaskError(f"trace_limit {t!r} must be a positive integer or None")
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class Request:
+    id: str
+    prompt: list[int]
+    params: GenerationParams
+    parts: DecodeParts
+    arrival: float
+    status: Status = Status.WAITING
+    nfe: int = 0
+    seal_forwards: int = 0  # of its forwards, those that wrote a finished block's exact K/V (block models)
+    commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
+    committed: int = 0  # contiguous committed tokens from the start of the answer
+    canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    started: float | None = None  # first forward
+    first_commit: float | None = None  # first step that grew the committed prefix
+    finished: float | None = None
+    watch: bool = False  # report the whole canvas and this step's proposals (the playground)
+    proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step
+
+    @property
+    def done(self) -> bool:
+        return self.status in (Status.FINISHED, Status.ABORTED)
+
+
+@dataclass
+class StepOutput:
+    """What one step changed for one request."""
+
+    request: Request
+    committed: int  # contiguous committed prefix after this step
+    new_ids: list[int]  # the ids that extended the committed prefix in this step
+    finished: bool
+    canvas: list[int] | None = None  # watched requests: the answer region after this step (MASK = open)

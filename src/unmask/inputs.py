@@ -1,0 +1,91 @@
+"""What `LLM.generate` takes as prompts: text (tokenised, through the chat template when the
+tokenizer has one) or token-id lists, each checked and every mistake named."""
+
+import numbers
+
+import torch
+
+from unmask.errors import UnmaskError
+from unmask.models.base import ArchConfig, TokenIds
+from unmask.params import GenerationParams
+from unmask.reference.modes import get_mode
+from unmask.tokenizer import Tokenizer
+
+
+def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = None,
+           unknown_words: str = "error") -> list[list[int]]:
+    """Text prompts as token ids. Words the tokenizer cannot represent (it would read them as its
+    unknown token) are named in an error, or with unknown_words="ignore" let through (the
+    evaluation harnesses count them and warn once per run)."""
+    if unknown_words not in ("error", "ignore"):
+        raise UnmaskError(f"unknown_words {unknown_words!r} must be 'error' or 'ignore'")
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if chat is not None and not isinstance(chat, bool):
+        raise UnmaskError(f"chat {chat!r} must be True, False or None")
+    use_chat = tokenizer.chat_template is not None if chat is None else chat
+    out = []
+    for r, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise UnmaskError(f"prompt {r} is a {type(p).__name__}; prompts are all strings or all lists of token ids")
+        if not p.strip():
+            raise UnmaskError(f"prompt {r} is empty")
+        unknown = tokenizer.unknown_words(p) if unknown_words == "error" else []
+        if unknown:
+            raise UnmaskError(f"prompt {r}: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}"
+                              + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""))
+        out.append(tokenizer.encode_prompt(p, use_chat))
+    return out
+
+
+def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str) -> list[list[int]]:
+    """Any accepted form of prompts -> a list of token-id lists."""
+    if isinstance(prompts, str):
+        return encode(tokenizer, prompts, chat, unknown_words)
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dtype.is_floating_point or prompts.dtype == torch.bool or prompts.dim() not in (1, 2):
+            raise UnmaskError(f"a tensor of prompts must hold integer ids in 1 or 2 dimensions, not {prompts.dtype} "
+                              f"of shape {tuple(prompts.shape)}")
+        prompts = prompts.tolist() if prompts.dim() == 2 else [prompts.tolist()]
+    if not isinstance(prompts, (list, tuple)):
+        raise UnmaskError(f"prompts must be a string, a list of strings or a list of token-id lists, "
+                          f"not {type(prompts).__name__}")
+    if not prompts:
+        raise UnmaskError("no prompts given")
+    kinds = [isinstance(p, str) for p in prompts]
+    if all(kinds):
+        return encode(tokenizer, list(prompts), chat, unknown_words)
+    if any(kinds):
+        r = kinds.index(False)
+        raise UnmaskError(f"prompts mix text and token ids (prompt {r} is a {type(prompts[r]).__name__}); "
+                          "give all strings or all lists of token ids")
+    ids = []
+    for r, p in enumerate(prompts):
+        if not isinstance(p, (list, tuple)):
+            raise UnmaskError(f"prompt {r} is a {type(p).__name__}; prompts are all strings or all lists of token ids")
+        bad = next((t for t in p if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad is not None:
+            raise UnmaskError(f"prompt {r}: token id {bad!r} is not an integer")
+        ids.append([int(t) for t in p])
+    return ids
+
+
+def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConfig, tokens: TokenIds) -> None:
+    """Token ids inside the vocabulary, no mask token, the canvas within the model's positions,
+    and what a reference mode requires of its prompts."""
+    if not ids:
+        raise UnmaskError("no prompts given")
+    vocab = arch.vocab_size
+    for r, p in enumerate(ids):
+        if not p:
+            raise UnmaskError(f"prompt {r} is empty")
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise UnmaskError(f"prompt {r}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if tokens.mask in p:
+            raise UnmaskError(f"prompt {r} contains the mask token id {tokens.mask}")
+        if len(p) + params.gen_length > arch.max_positions:
+            raise UnmaskError(f"prompt {r}: {len(p)} prompt tokens + gen_length {params.gen_length} exceeds the "
+                              f"model's maximum of {arch.max_positions} positions")
+    if params.compat is not None:
+        get_mode(params.compat).check_prompts(ids, arch.family)

@@ -1,0 +1,62 @@
+"""Loading helpers of the front end: the embedded models' folders, the device, the checkpoint's
+special ids checked against its vocabulary."""
+
+from pathlib import Path
+
+import torch
+
+from unmask.errors import CheckpointError, UnmaskError
+from unmask.models.base import TokenIds
+
+ASSETS = Path(__file__).parent / "assets"
+EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block"}
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    if model is not None and not isinstance(model, (str, Path)):
+        raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar' or 'default-block'")
+    name = "default" if model is None else str(model)
+    if isinstance(model, str) and not model.strip():
+        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or 'default', 'default-ar', 'default-block'")
+    if name in EMBEDDED:
+        path = EMBEDDED[name]
+        if not (path / "config.json").exists():
+            raise UnmaskError(f"the embedded model {name!r} is not in this installation ({path})")
+        return path
+    return Path(model)
+
+
+def check_device(device) -> torch.device:
+    """A torch device that exists here, or an UnmaskError naming it."""
+    if not isinstance(device, (str, torch.device)):
+        raise UnmaskError(f"device {device!r} must be a name such as cpu or cuda")
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UnmaskError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UnmaskError(f"device {device!r}: CUDA is not available on this machine")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise UnmaskError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise UnmaskError(f"device {device!r}: MPS is not available on this machine")
+    elif d.type not in ("cpu", "cuda", "mps"):
+        raise UnmaskError(f"device {device!r} is not supported; use cpu or cuda")
+    return d
+
+
+def check_token_ids(t: TokenIds, vocab: int, path) -> None:
+    """Every special id the checkpoint names lies inside the model's vocabulary."""
+    for name, value in (("mask", t.mask), ("eos", t.eos), ("pad", t.pad), ("bos", t.bos)):
+        if value is not None and not 0 <= value < vocab:
+            raise CheckpointError(f"{path}: {name} token id {value} is outside the model's vocabulary [0, {vocab})")
+    bad = [i for i in t.stop if not 0 <= i < vocab]
+    if bad:
+        raise CheckpointError(f"{path}: stop token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
+    if t.mask in t.stop or t.mask == t.pad:
+        raise CheckpointError(f"{path}: the mask token id {t.mask} is also an end-of-text or padding id")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,60 @@
+"""What `LLM.generate` returns: one result per prompt, and the batch with its forwards."""
+
+from dataclasses import dataclass
+
+from unmask.trace import ForwardRecord
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # generated ids up to (not including) the first end-of-text token
+    raw_ids: list[int]  # the whole generated region of the canvas (MASK where never committed)
+    finish_reason: str  # "stop" (end-of-text committed) or "length"
+    nfe: int  # forwards this row took part in
+    commits: list[int]  # tokens committed at each of those forwards
+    seconds: float = 0.0  # from the start of decoding until this request finished (its latency)
+    seal_forwards: int = 0  # block models: forwards that also wrote a finished block's exact K/V
+
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens up to and including end of text: the count behind every tokens/s and
+        tokens-per-forward figure (the end-of-text padding after it is never counted)."""
+        return len(self.token_ids) + (self.finish_reason == "stop")
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.num_tokens / self.nfe if self.nfe else 0.0
+
+
+@dataclass
+class BatchOutput:
+    results: list[GenerationResult]
+    steps: list[ForwardRecord]  # every batched forward
+    seconds: float  # wall time of decode (every forward and the loop), tokenisation excluded
+    cache: str
+    prompt_len: int  # columns before the generation region (the longest prompt)
+
+    @property
+    def nfe(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens of all rows, each up to and including its end of text."""
+        return sum(r.num_tokens for r in self.results)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.nfe if self.nfe else 0.0
+
+
+def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
+              seal_forwards: int = 0) -> GenerationResult:
+    """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
+    stops = set(stop_ids)
+    cut = next((j for j, t in enumerate(raw) if t in stops), None)
+    ids = raw if cut is None else raw[:cut]
+    return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
+                            finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
+                            seconds=seconds, seal_forwards=seal_forwards)

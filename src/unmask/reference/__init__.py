@@ -1,0 +1,21 @@
+"""The reference samplers, reproduced token for token (`compat` modes): kept apart from native
+decoding, which is the request engine's (unmask.engine).
+
+- modes.py: each reproduced reference, what it supports, its parts and loop rules;
+- lockstep.py: LLaDA's, Fast-dLLM v1's and Dream's lockstep batch loop;
+- fast_dllm_v2.py: Fast-dLLM v2's `batch_sample`;
+- and the references' left-padded canvas is unmask.canvas (shared with training and the AR loop)."""
+
+
+def run_reference(model, tokens, prompts: list[list[int]], params):
+    """One batch through the loop of the reference `params.compat` names (params accepted):
+    a unmask.trace.Decoded. (Imports are local: params.py imports modes.py from this package.)"""
+    from unmask.reference.modes import get_mode
+
+    if get_mode(params.compat).block_loop:
+        from unmask.reference.fast_dllm_v2 import decode_fast_dllm_v2
+
+        return decode_fast_dllm_v2(model, tokens, prompts, params)
+    from unmask.reference.lockstep import decode_reference
+
+    return decode_reference(model, tokens, prompts, params)

@@ -1,0 +1,147 @@
+"""One completion or chat request with `n` choices: n engine requests (choice i samples with seed
++ i when a seed is given), streamed together, each with its choice index, or returned together.
+
+A stream sends only the committed left prefix of each answer: text is never retracted, a chunk
+goes out as soon as the contiguous committed prefix grows, a stop string is honoured across
+chunk boundaries, and the last chunk carries finish_reason (and usage with
+stream_options.include_usage). An error after the stream started is sent as an error event
+before the stream closes; a client that disconnects aborts its requests."""
+
+import asyncio
+import time
+import uuid
+from dataclasses import replace
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from unmask.errors import UnmaskError
+from unmask.llm import LLM
+from unmask.params import GenerationParams
+from unmask.server import openai
+from unmask.server.async_engine import AsyncEngine, QueueFull
+from unmask.server.openai import APIError, sse
+from unmask.server.text import TextStream
+
+
+class Completion:
+    def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
+                 request: Request, kind: str, model: str) -> None:
+        self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
+        self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.n = body.n
+        self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
+        self.streams = [TextStream(llm, body.stops()) for _ in range(self.n)]
+        self.reqs: list = [None] * self.n
+        self.done = [False] * self.n
+        self.created = int(time.time())
+        self.merged: asyncio.Queue = asyncio.Queue()
+        self.forwarders: list[asyncio.Task] = []
+        self._submit(params)
+
+    def _submit(self, params: GenerationParams) -> None:
+        queues = []
+        try:
+            for i, name in enumerate(self.names):
+                seed = None if params.seed is None else params.seed + i
+                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed)))
+        except (QueueFull, UnmaskError) as e:
+            for name in self.names[: len(queues)]:
+                self.engine.abort(name)
+            if isinstance(e, QueueFull):
+                raise APIError(429, str(e), "rate_limit_error") from None
+            raise APIError(503, str(e), "server_error") from None
+        self.forwarders = [asyncio.create_task(self._forward(i, q)) for i, q in enumerate(queues)]
+
+    async def _forward(self, i: int, q: asyncio.Queue) -> None:
+        while True:
+            item = await q.get()
+            await self.merged.put((i, item))
+            if item is None or isinstance(item, BaseException):
+                return
+
+    async def updates(self):
+        """(choice, StepOutput) until every choice has finished (or its text hit a stop)."""
+        open_ = set(range(self.n))
+        while open_:
+            try:
+                i, item = await asyncio.wait_for(self.merged.get(), timeout=1.0)
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    return
+                continue
+            if item is None:
+                open_.discard(i)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if self.done[i]:
+                continue
+            self.reqs[i] = item.request
+            yield i, item
+            if self.done[i]:
+                open_.discard(i)
+                if not item.finished:  # a stop string ended it: the engine need not go on
+                    self.engine.abort(self.names[i])
+
+    def step(self, i: int, out) -> str:
+        delta = self.streams[i].add(out.new_ids)
+        self.done[i] = out.finished or self.streams[i].finish_reason is not None
+        return delta
+
+    def reason(self, i: int) -> str:
+        r = self.streams[i].finish_reason or (self.reqs[i].finish_reason if self.reqs[i] is not None else None)
+        return "stop" if r == "stop" else "length"
+
+    def cleanup(self) -> None:
+        for i, name in enumerate(self.names):
+            if not self.done[i]:
+                self.engine.abort(name)
+        for t in self.forwarders:
+            t.cancel()
+
+    def _chunk(self, i: int, delta: str | None, finish: str | None, first: bool = False) -> dict:
+        return openai.chunk(self.kind, self.rid, self.created, self.model, i, delta, finish, first)
+
+    async def events(self):
+        first = [True] * self.n
+        try:
+            async for i, out in self.updates():
+                delta = self.step(i, out)
+                if delta:
+                    yield sse(self._chunk(i, delta, None, first[i]))
+                    first[i] = False
+                if self.done[i]:
+                    tail = self.streams[i].flush()
+                    if tail or first[i]:
+                        yield sse(self._chunk(i, tail, None, first[i]))
+                    yield sse(self._chunk(i, None, self.reason(i)))
+            if all(self.done):
+                if self.body.stream_options and self.body.stream_options.include_usage:
+                    use = openai.usage(self.reqs, self.streams, len(self.ids))
+                    yield sse(openai.usage_chunk(self.kind, self.rid, self.created, self.model, use))
+                yield "data: [DONE]\n\n"
+        except Exception as e:  # an error after the stream started: an error event, then close
+            yield sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
+        finally:
+            self.cleanup()
+
+    async def whole(self) -> dict:
+        try:
+            async for i, out in self.updates():
+                self.step(i, out)
+        finally:
+            self.cleanup()
+        if not all(self.done):
+            raise APIError(499, "client closed the request")
+        for st in self.streams:
+            st.flush()
+        use = openai.usage(self.reqs, self.streams, len(self.ids))
+        return openai.response(self.kind, self.rid, self.created, self.model, [st.text for st in self.streams],
+                               [self.reason(i) for i in range(self.n)], use)
+
+    async def respond(self):
+        if self.body.stream:
+            return StreamingResponse(self.events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self.whole()

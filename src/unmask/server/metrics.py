@@ -1,0 +1,25 @@
+"""GET /metrics: the engine's counters and histograms in Prometheus' text format."""
+
+from unmask.server.async_engine import AsyncEngine
+
+
+def prometheus(engine: AsyncEngine) -> str:
+    m = engine.metrics
+    lines = [
+        "# HELP unmask_requests_running Requests in the running batch.", "# TYPE unmask_requests_running gauge",
+        f"unmask_requests_running {engine.num_running}",
+        "# HELP unmask_requests_waiting Requests queued.", "# TYPE unmask_requests_waiting gauge",
+        f"unmask_requests_waiting {engine.num_waiting}",
+        "# HELP unmask_requests_total Requests that ended, by how.", "# TYPE unmask_requests_total counter",
+        f'unmask_requests_total{{status="finished"}} {m.finished}',
+        f'unmask_requests_total{{status="aborted"}} {m.aborted}',
+        "# HELP unmask_request_forwards_total Forwards summed over requests (NFE).",
+        "# TYPE unmask_request_forwards_total counter", f"unmask_request_forwards_total {m.nfe}",
+        "# HELP unmask_tokens_committed_total Tokens committed.", "# TYPE unmask_tokens_committed_total counter",
+        f"unmask_tokens_committed_total {m.tokens}",
+        "# HELP unmask_tokens_per_forward Tokens committed per request-forward.",
+        "# TYPE unmask_tokens_per_forward gauge", f"unmask_tokens_per_forward {m.tokens / m.nfe if m.nfe else 0.0}",
+    ]
+    lines += m.step_seconds.prometheus("unmask_step_seconds", "Engine step time.")
+    lines += m.ttft.prometheus("unmask_time_to_first_token_seconds", "Arrival to the first committed token.")
+    return "\n".join(lines) + "\n"

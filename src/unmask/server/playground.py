@@ -1,0 +1,63 @@
+"""The playground: a page (GET /) and its per-step event stream (POST /playground/stream): after
+every step, the whole answer canvas with each position's state (masked, proposed this step,
+committed), the step count, NFE and tokens per forward; then the final text. Not an OpenAI
+endpoint."""
+
+import uuid
+from pathlib import Path
+
+from fastapi.responses import HTMLResponse, StreamingResponse
+
+from unmask.llm import LLM
+from unmask.params import GenerationParams
+from unmask.server.async_engine import AsyncEngine, QueueFull
+from unmask.server.openai import APIError, sse
+from unmask.server.text import TextStream
+
+PAGE = Path(__file__).parent / "playground.html"
+
+
+def page() -> HTMLResponse:
+    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+
+def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationParams, stops: list[str]):
+    rid = f"play-{uuid.uuid4().hex[:24]}"
+    try:
+        queue = engine.submit(rid, ids, params, watch=True)
+    except QueueFull as e:
+        raise APIError(429, str(e), "rate_limit_error") from None
+    text = TextStream(llm, stops)
+    stop_ids, mask = set(llm.token_ids.stop), llm.token_ids.mask
+
+    def piece(t: int) -> str:  # end of text shows as one mark, not its long special-token name
+        return "∎" if t in stop_ids else llm.tokenizer.decode([t], skip_special_tokens=False)
+
+    def cells(canvas: list[int], proposal: dict[int, int]) -> list[dict]:
+        return [{"state": "committed", "text": piece(t)} if t != mask else
+                {"state": "proposed", "text": piece(proposal[j])} if j in proposal else
+                {"state": "masked", "text": ""} for j, t in enumerate(canvas)]
+
+    async def events():
+        done, step, committed_total = False, 0, 0
+        try:
+            while True:
+                item = await queue.get()
+                if item is None or isinstance(item, BaseException):
+                    break
+                step += 1
+                committed_total += item.request.commits[-1] if item.request.commits else 0
+                text.add(item.new_ids)
+                yield sse({"type": "step", "step": step, "nfe": item.request.nfe,
+                           "cells": cells(item.canvas or [], item.request.proposal), "committed": item.committed,
+                           "tokens_per_forward": committed_total / step, "text": text.text})
+                if item.finished or text.finish_reason is not None:
+                    done = True
+                    break
+            text.flush()
+            yield sse({"type": "done", "text": text.text, "nfe": step, "finish_reason": text.finish_reason or "length"})
+        finally:
+            if not done:
+                engine.abort(rid)
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
