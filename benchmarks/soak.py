@@ -57,7 +57,7 @@ def setting(rnd: random.Random) -> dict:
 
 
 def containers(engine) -> dict:
-    return {"requests": len(engine.requests), "waiting": engine.num_waiting, "running": engine.num_running,
+    return {"records": len(engine.requests), "waiting": engine.num_waiting, "running": engine.num_running,
             "settings": len(engine.settings), "parts": len(engine.parts), "generators": len(engine.generators),
             "trace": len(engine.trace)}
 

@@ -10,12 +10,18 @@ They follow reference-semantics.md line by line and use the global torch RNG lik
 """
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+
+from unmask.cache.kv import StaticKV
+from unmask.canvas import Canvas, retire_rows
+from unmask.models.base import DiffusionLM, TokenIds
+from unmask.trace import Decoded, ForwardRecord
 
 
 class RefModel:
@@ -544,3 +550,65 @@ def fast_dllm_v2_batch_sample(model, input_ids, seq_len, block_size, max_new_tok
     for j, r in enumerate(alive):
         outputs[r] = x[j, : num_blocks * bs + 1].tolist()
     return [outputs[r] for r in range(B)], nfe
+
+
+# ---------------------------------------------------------------- the AR twin's former loop
+
+def decode_ar(model, tokens, prompts, max_new_tokens, temperature=0.0, seed=None):
+    """Greedy next-token decoding with a KV cache on the left-padded canvas, one batch in
+    lockstep: the AR twin's dedicated offline loop until the request engine proved as fast per
+    forward (benchmarks/ar_offline.py). Kept as an independent reference for the engine's
+    causal cache."""
+    return _decode_ar(model, tokens, prompts, max_new_tokens, temperature, seed)
+
+
+def _next_token(logits: torch.Tensor, mask_id: int, temperature: float, gen) -> torch.Tensor:
+    logits = logits.float().clone()
+    logits[:, mask_id] = -torch.inf
+    if temperature > 0:
+        u = torch.rand(logits.shape, dtype=torch.float64, generator=gen, device=logits.device)
+        return (logits.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
+    return logits.argmax(-1)
+
+
+@torch.inference_mode()
+def _decode_ar(
+    model: DiffusionLM,
+    tokens: TokenIds,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> Decoded:
+    if not model.config.causal:
+        raise ValueError("autoregressive decoding needs a causal model (config 'causal': true)")
+    device = next(model.parameters()).device
+    pad = tokens.pad if tokens.pad is not None else tokens.eos
+    c = Canvas.build(prompts, max_new_tokens, tokens.mask, pad, device)
+    P, L, B0 = c.prompt_len, c.length, c.batch
+    out = c.x.clone()
+    stops = torch.tensor(tokens.stop, device=device)
+    gen = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    kv = StaticKV(model.config.num_layers, L)
+    row_nfe = torch.zeros(B0, dtype=torch.long, device=device)
+    steps: list[ForwardRecord] = []
+    start, width = 0, P  # first forward: the whole prompt
+    for t in range(P, L):
+        t0 = time.perf_counter()
+        logits = model(c.x[:, start : start + width], c.positions[:, start : start + width], kv, start,
+                       c.key_mask, slice(width - 1, width))
+        c.x[:, t] = _next_token(logits[:, -1], tokens.mask, temperature, gen)
+        row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
+        done = torch.isin(c.x[:, t], stops)
+        any_done = bool(done.any())
+        steps.append(ForwardRecord("full" if t == P else "window", c.batch, width, c.batch, block=0))
+        if any_done:
+            retire_rows(c, out, done, kv)
+        steps[-1].seconds = time.perf_counter() - t0
+        if c.batch == 0:
+            break
+        start, width = t, 1
+    if c.batch:
+        out[c.rows] = c.x
+    nfe = row_nfe.tolist()
+    return Decoded(out[:, P:].tolist(), nfe, [[1] * n for n in nfe], steps, "causal", P)

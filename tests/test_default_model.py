@@ -47,6 +47,7 @@ def test_recorded_accuracy_meets_the_bar():
     assert not missed, f"below the bar: {missed}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", list(BAR))
 def test_embedded_model_meets_its_bar_on_a_sample(task, sample_accuracy):
     """On 100 examples a margin of 5 points (about two standard errors at 90 %) separates
@@ -54,6 +55,7 @@ def test_embedded_model_meets_its_bar_on_a_sample(task, sample_accuracy):
     assert sample_accuracy[task] >= BAR[task] - 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["default", "default-ar"])
 def test_embedded_model_reproduces_its_recorded_accuracy(name, request):
     llm = LLM(None if name == "default" else name)
@@ -82,6 +84,7 @@ CACHED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw,block,loss", CACHED, ids=lambda v: str(v))
 def test_approximate_caches_stay_within_their_accuracy_bound(embedded, reference, kw, block, loss):
     g = embedded.generation_defaults["gen_length"]
@@ -99,6 +102,7 @@ def test_generate_without_model_flag(capsys):
     assert obj["nfe"] >= 1 and len(obj["generated_ids"]) == 1
 
 
+@pytest.mark.slow
 def test_embedded_block_model_reproduces_its_recorded_accuracy_with_its_exact_cache(embedded_block):
     """default-block: a block-diffusion model (bd_size 8) in the LLaDA layout; greedy, one token
     per step, its own blocks; the exact cache gives the tokens of no cache on the same examples."""

@@ -79,6 +79,7 @@ def test_diagnose_command(capsys, tmp_path):
     assert main(["diagnose", "--model", "default-ar"]) == 2
 
 
+@pytest.mark.slow
 def test_calibration_against_the_reference_decode(capsys):
     """Decoding with the reference setting itself, every committed token is the reference's: the
     reliability table's accuracy is 1 in every bin. With a cached parallel setting it is not."""

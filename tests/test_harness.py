@@ -33,6 +33,7 @@ def test_registered_under_its_name():
     assert get_model("unmask") is harness.UnmaskLM
 
 
+@pytest.mark.slow
 def test_tiny_model_through_lm_eval(llada_dir, tasks):
     lm = harness.UnmaskLM(model=str(llada_dir), gen_length=8, block_length=8, batch_size=2)
     res = simple_evaluate(model=lm, tasks=["gsm8k_unmask"], task_manager=tasks, limit=3, num_fewshot=5)
@@ -61,6 +62,7 @@ metadata:
 """
 
 
+@pytest.mark.slow
 def test_embedded_model_solves_copy_through_lm_eval(tmp_path):
     """lm-eval's own pipeline (task YAML, generate_until, its exact_match) over the adapter and the
     embedded model: the held-out copy task, which the model solves 99 % of the time, must score
@@ -101,6 +103,7 @@ def test_lm_eval_scores_like_our_scorer(llada_dir, tasks, monkeypatch, answer, e
     assert scores["strict"] == (expect if answer == "gold" else 0.0)
 
 
+@pytest.mark.slow
 def test_cli_entry_writes_results(llada_dir, tmp_path):
     from unmask.cli import main
 

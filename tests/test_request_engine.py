@@ -177,7 +177,7 @@ def test_static_scheduling_drains_before_admitting(llada):
 
 
 def test_ar_twin_row_alone_equals_row_in_batch(embedded_ar):
-    """The AR twin (its own KV-cached loop) is batch-invariant too: left padding is masked."""
+    """The AR twin is batch-invariant too."""
     ar = embedded_ar
     prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
     batch = ar.generate(prompts).results
@@ -186,9 +186,12 @@ def test_ar_twin_row_alone_equals_row_in_batch(embedded_ar):
 
 
 def test_engine_serves_the_ar_twin_with_the_tokens_of_its_own_loop(embedded_ar):
-    """The AR twin in the engine (blocks of one token, one prefill, then a cached window per
-    token) writes exactly what its dedicated KV-cached loop writes, with the same forwards,
-    alone and beside requests of other lengths."""
+    """The AR twin in the engine (blocks of one token, one prefill, then one cached column per
+    token) writes exactly what a plain KV-cached next-token loop writes (tests/reference.py's
+    decode_ar, the twin's former offline loop), with the same forwards, alone and beside
+    requests of other lengths."""
+    from reference import decode_ar
+
     ar = embedded_ar
     prompts = ["copy : red 4 owl", "json : name bob age 3 4 city rome", "sort : 7 4 0 9", "pick hand red cat sun :"]
     ids = ar.encode(prompts, chat=False)
@@ -196,7 +199,7 @@ def test_engine_serves_the_ar_twin_with_the_tokens_of_its_own_loop(embedded_ar):
     engine = ar.engine()
     reqs = [engine.add_request(i, ar.default_params(gen_length=g)) for i, g in zip(ids, lengths)]
     _run(engine)
-    for p, g, req in zip(prompts, lengths, reqs):
-        ref = ar.generate([p], ar.default_params(gen_length=g)).results[0]
-        assert req.canvas == ref.raw_ids and req.nfe == ref.nfe
+    for i, g, req in zip(ids, lengths, reqs):
+        ref = decode_ar(ar.model, ar.token_ids, [i], g)
+        assert req.canvas == ref.rows[0] and req.nfe == ref.row_nfe[0]
     assert sum(f.kind == "full" for f in engine.trace) == 1  # one prefill for the batch, then cached steps

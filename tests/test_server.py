@@ -170,6 +170,7 @@ def slow_steps(monkeypatch):
     return slow
 
 
+@pytest.mark.slow
 def test_64_concurrent_streams_16_cancelled(llm, slow_steps):
     s = Server(llm, engine_config=EngineConfig(max_num_seqs=16))
     try:
@@ -238,6 +239,7 @@ def _rss_mib() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
+@pytest.mark.slow
 def test_1000_sequential_requests_leave_memory_flat(server):
     with httpx.Client(timeout=60) as c:
         post = lambda i: c.post(server.url + "/v1/completions", json={"prompt": PROMPTS[i % 4]})  # noqa: E731
@@ -278,6 +280,7 @@ def test_generation_params_of_the_server_match_the_offline_defaults(llm):
         "threshold": 0.9, "cache": "dual"})
 
 
+@pytest.mark.slow
 def test_unmask_serve_command(tmp_path):
     """The CLI entry: `unmask serve` on a free loopback port answers the openai client, then stops."""
     import os

@@ -9,7 +9,7 @@ import torch
 from reference import RefModel
 from unmask import LLM, GenerationParams
 from unmask.cli import main
-from unmask.engine.ar import decode_ar
+from reference import decode_ar
 from unmask.errors import UnmaskError
 from unmask.evaluate import evaluate
 from unmask.train.run import train
@@ -28,6 +28,7 @@ def copy_run(tmp_path_factory):
     return out, summary
 
 
+@pytest.mark.slow
 def test_short_run_learns_copy(copy_run):
     out, summary = copy_run
     history = json.loads((out / "model" / "training.json").read_text())["history"]
@@ -40,6 +41,7 @@ def test_short_run_learns_copy(copy_run):
     assert res.token_accuracy > 0.5 and res.exact > 0.1, res
 
 
+@pytest.mark.slow
 def test_checkpoint_is_a_llada_folder(copy_run):
     out, _ = copy_run
     cfg = json.loads((out / "model" / "config.json").read_text())

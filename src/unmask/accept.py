@@ -53,7 +53,7 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
     if kind == "causal":
         if given is None:  # what differs from the reference setting and from what accept sets
             given = frozenset(f for f in PARAM_FIELDS if f not in SHAPE and getattr(params, f) != getattr(_REFERENCE, f)
-                              and getattr(params, f) != _AR.get(f, _REFERENCE))
+                              and not (f in _AR and getattr(params, f) == _AR[f]))
         wrong = sorted(given - set(AR_FIELDS))
         if wrong:
             raise UnmaskError(f"{', '.join(wrong)}: not used by an autoregressive model (it decodes one token per "

@@ -1,6 +1,6 @@
 """The reference samplers' canvas: prompts left-padded to a common length, so that block
 boundaries are the same columns in every row (LLaDA's and Dream's samplers and their evals pad
-that way). The reference loops and the AR twin's offline loop decode on it, and training builds
+that way). The reference loops decode on it, and training builds
 its batches in the same layout (unmask.train.data). The request engine does not: each of its
 rows has its own right-padded canvas (unmask.engine.rows)."""
 

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from unmask.sampler.stops import first_stop_index
 from unmask.trace import ForwardRecord
 
 
@@ -52,8 +53,7 @@ class BatchOutput:
 def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
               seal_forwards: int = 0) -> GenerationResult:
     """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
-    stops = set(stop_ids)
-    cut = next((j for j, t in enumerate(raw) if t in stops), None)
+    cut = first_stop_index(raw, set(stop_ids))
     ids = raw if cut is None else raw[:cut]
     return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                             finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,

@@ -39,6 +39,7 @@ from unmask.engine.work import StepWork
 from unmask.errors import UnmaskError
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams, setting_key
+from unmask.sampler.stops import first_stop_index
 from unmask.trace import ForwardRecord
 
 __all__ = ["Engine", "EngineConfig", "ForwardRecord", "Request", "Status", "StepOutput"]
@@ -196,8 +197,8 @@ class Engine:
                 del self.settings[key], self.parts[sid]
 
     def _finished(self, req: Request, canvas: list[int]) -> None:
-        stops = set(self.tokens.stop)
-        self._finish(req, Status.FINISHED, "stop" if any(t in stops for t in canvas) else "length", canvas)
+        stopped = first_stop_index(canvas, set(self.tokens.stop)) is not None
+        self._finish(req, Status.FINISHED, "stop" if stopped else "length", canvas)
 
     def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
         req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()

@@ -4,7 +4,7 @@ decoding, which is the request engine's (unmask.engine).
 - modes.py: each reproduced reference, what it supports, its parts and loop rules;
 - lockstep.py: LLaDA's, Fast-dLLM v1's and Dream's lockstep batch loop;
 - fast_dllm_v2.py: Fast-dLLM v2's `batch_sample`;
-- and the references' left-padded canvas is unmask.canvas (shared with training and the AR loop)."""
+- and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 
 def run_reference(model, tokens, prompts: list[list[int]], params):
