@@ -62,23 +62,32 @@ def containers(engine) -> dict:
             "trace": len(engine.trace)}
 
 
-def soak_engine(llm: LLM, n: int, every: int, seed: int = 0) -> list[dict]:
-    rnd = random.Random(seed)
-    prompts = llm.encode([ex.prompt for t in TASKS for ex in split_examples(t, "selection", 30)], chat=False)
-    engine = llm.engine(EngineConfig(max_num_seqs=16, max_waiting=64))
-    added, done, samples, t0 = 0, 0, [], time.perf_counter()
+def drive(llm: LLM, engine, prompts: list[list[int]], n: int, rnd: random.Random, queue: int):
+    """Add `n` requests with drawn settings as the queue drains (at most `queue` waiting), step
+    the engine and release each finished request, as the server does; yield the number finished
+    after every step."""
+    added = done = 0
     while done < n:
-        while added < n and engine.num_waiting < 16:
+        while added < n and engine.num_waiting < queue:
             engine.add_request(rnd.choice(prompts), llm.default_params(**setting(rnd)))
             added += 1
         for out in engine.step():
             if out.finished:
                 engine.release(out.request.id)
                 done += 1
-                if done % every == 0:
-                    samples.append({"requests": done, "rss_mib": rss_mib(), "seconds": time.perf_counter() - t0,
-                                    **containers(engine)})
-                    print(f"engine {done:6d}: RSS {samples[-1]['rss_mib']:.1f} MiB {containers(engine)}")
+        yield done
+
+
+def soak_engine(llm: LLM, n: int, every: int, seed: int = 0) -> list[dict]:
+    prompts = llm.encode([ex.prompt for t in TASKS for ex in split_examples(t, "selection", 30)], chat=False)
+    engine = llm.engine(EngineConfig(max_num_seqs=16, max_waiting=64))
+    samples, t0, mark = [], time.perf_counter(), every
+    for done in drive(llm, engine, prompts, n, random.Random(seed), 16):
+        if done >= mark:
+            mark += every
+            samples.append({"requests": done, "rss_mib": rss_mib(), "seconds": time.perf_counter() - t0,
+                            **containers(engine)})
+            print(f"engine {done:6d}: RSS {samples[-1]['rss_mib']:.1f} MiB {containers(engine)}")
     return samples
 
 

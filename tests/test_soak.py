@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 
 import pytest  # noqa: E402
-from soak import containers, setting  # noqa: E402
+from soak import containers, drive  # noqa: E402
 
 from unmask.engine import EngineConfig  # noqa: E402
 from unmask.tasks import TASKS, split_examples  # noqa: E402
@@ -17,19 +17,10 @@ from unmask.tasks import TASKS, split_examples  # noqa: E402
 
 @pytest.mark.slow
 def test_engine_containers_stay_bounded_over_many_requests(embedded):
-    rnd = random.Random(1)
     prompts = embedded.encode([ex.prompt for t in TASKS for ex in split_examples(t, "selection", 5)], chat=False)
     engine = embedded.engine(EngineConfig(max_num_seqs=8, max_waiting=16, trace_limit=50))
-    added = done = 0
     peak = {}
-    while done < 300:
-        while added < 300 and engine.num_waiting < 8:
-            engine.add_request(rnd.choice(prompts), embedded.default_params(**setting(rnd)))
-            added += 1
-        for out in engine.step():
-            if out.finished:
-                engine.release(out.request.id)
-                done += 1
+    for _ in drive(embedded, engine, prompts, 300, random.Random(1), 8):
         sizes = containers(engine)
         assert sizes["settings"] == sizes["parts"] <= sizes["running"]  # only settings rows use are kept
         assert sizes["trace"] <= 50

@@ -30,20 +30,29 @@ def format_table(run: dict) -> str:
 FAST_DLLM = ("threshold", "factor")  # Fast-dLLM's commit rules (with or without its caches)
 
 
-def chosen_from(path, split: str) -> dict:
-    """The picks of a finished selection run (its JSON at `path`): per batch, the roles and
-    configurations its headline chose, to be measured again on another split. A run on the same
-    split, an unfinished run or a file that is not a bench run is refused by name."""
+def load_run(path, flag: str) -> dict:
+    """A finished `unmask bench` run's JSON, or an UnmaskError naming `flag` and the file."""
     import json
 
     from unmask.errors import UnmaskError
 
     try:
-        sel = json.loads(open(path, encoding="utf-8").read())
+        run = json.loads(open(path, encoding="utf-8").read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UnmaskError(f"--chosen {path}: not a readable bench JSON ({getattr(e, 'strerror', None) or e})") from None
-    if not isinstance(sel, dict) or not isinstance(sel.get("headline"), list) or not sel.get("complete"):
-        raise UnmaskError(f"--chosen {path}: not a finished `unmask bench` run (no headline, or \"complete\" is not true)")
+        raise UnmaskError(f"{flag} {path}: not a readable bench JSON ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(run, dict) or not isinstance(run.get("headline"), list) or not run.get("complete") \
+            or not isinstance(run.get("results"), list):
+        raise UnmaskError(f"{flag} {path}: not a finished `unmask bench` run (no headline, or \"complete\" is not true)")
+    return run
+
+
+def chosen_from(path, split: str) -> dict:
+    """The picks of a finished selection run (its JSON at `path`): per batch, the roles and
+    configurations its headline chose, to be measured again on another split. A run on the same
+    split, an unfinished run or a file that is not a bench run is refused by name."""
+    from unmask.errors import UnmaskError
+
+    sel = load_run(path, "--chosen")
     if sel.get("split", "selection") == split:
         raise UnmaskError(f"--chosen {path} chose its settings on the {split!r} split; report them on another "
                           "split (--split), not on the examples they were chosen on")

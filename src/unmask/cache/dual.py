@@ -2,24 +2,19 @@
 is recomputed."""
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from unmask.cache.base import CachePolicy, Plan, refresh_due, register
+from unmask.cache.base import register
+from unmask.cache.prefix import PrefixCache
 
 
 @register
 @dataclass(frozen=True)
-class DualCache(CachePolicy):
-    """A refresh at the block start and every `refresh_interval` steps; other steps recompute the
-    open block [s, e) only, against cached K/V of everything else."""
+class DualCache(PrefixCache):
+    """PrefixCache's refreshes; other steps recompute the open block [s, e) only, against cached
+    K/V of everything else."""
 
     name: ClassVar[str] = "dual"
-    knobs: ClassVar[tuple[str, ...]] = ("refresh_interval",)
-    refresh_interval: int | None = None
 
-    @classmethod
-    def from_params(cls, p: Any) -> "DualCache":
-        return cls(p.refresh_interval)
-
-    def plan(self, rows, shift: int, align: int) -> Plan:
-        return Plan.window(rows, rows.s - shift, rows.e, full=refresh_due(rows, self.refresh_interval))
+    def window_end(self, rows):
+        return rows.e

@@ -21,5 +21,9 @@ class PrefixCache(CachePolicy):
     def from_params(cls, p: Any) -> "PrefixCache":
         return cls(p.refresh_interval)
 
+    def window_end(self, rows):
+        """Where a cached step's window ends: the canvas end (DualCache: the block end)."""
+        return rows.L
+
     def plan(self, rows, shift: int, align: int) -> Plan:
-        return Plan.window(rows, rows.s - shift, rows.L, full=refresh_due(rows, self.refresh_interval))
+        return Plan.window(rows, rows.s - shift, self.window_end(rows), full=refresh_due(rows, self.refresh_interval))

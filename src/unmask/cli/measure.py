@@ -117,15 +117,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 def rehead(a: argparse.Namespace) -> int:
     """--headline-of FILE: choose again from a finished run's measurements with --rule and
     --tolerance (nothing is measured), rewrite its headline, print it."""
-    from unmask.bench.report import format_headline, headline
+    from unmask.bench.report import format_headline, headline, load_run
 
     path = output_file(a.headline_of, "--headline-of")
-    try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UnmaskError(f"--headline-of {path}: not a readable bench JSON ({getattr(e, 'strerror', None) or e})") from None
-    if not isinstance(run, dict) or not run.get("complete") or not isinstance(run.get("results"), list):
-        raise UnmaskError(f"--headline-of {path}: not a finished `unmask bench` run")
+    run = load_run(path, "--headline-of")
     run["tolerance"], run["rule"] = a.tolerance / 100, a.rule
     run["headline"] = headline(run, a.tolerance / 100, a.rule)
     write_json_atomic(path, run)

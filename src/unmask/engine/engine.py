@@ -130,11 +130,14 @@ class Engine:
         self._admit()
         if self.rows.n == 0:
             return []
-        plan = self._plan()
-        work = StepWork(self.rows, plan, self.scheduler.budget(plan), self._verifying(), self._recompute)
+        groups = self._by_setting()  # (cache policy, its rows) for each running setting, once a step
+        plan = self._plan(groups)
+        verifying = any(cache.verifies for cache, _ in groups)
+        work = StepWork(self.rows, plan, self.scheduler.budget(plan), verifying, lambda: self._recompute(groups))
         for f in work:  # window rows, full rows, then the recomputation of doubted rows
             self._run(work, f)
-        self._after(work)
+        for cache, rows in groups:  # each policy updates its own per-row counters
+            cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
         outputs = postprocess.advance(self.rows, work.run, self.rows.s, self.rows.e, work.committed, work.seal,
                                       work.redo, self.mask, self.stop_ids, self._finished)
         self.trace.extend(work.finish_records())
@@ -161,33 +164,25 @@ class Engine:
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
             req.status = Status.RUNNING
 
-    def _by_setting(self):
+    def _by_setting(self) -> list:
         """(setting's cache policy, its rows as an (n,) bool) for each setting that runs."""
         r = self.rows
-        for cfg in sorted(set(r.settings)):
-            yield self.parts[cfg].cache, r.cfg == cfg
+        return [(self.parts[cfg].cache, r.cfg == cfg) for cfg in sorted(set(r.settings))]
 
-    def _plan(self) -> Plan:
-        plans = [(rows, cache.plan(self.rows, self.shift, self.align)) for cache, rows in self._by_setting()]
+    def _plan(self, groups) -> Plan:
+        """Each setting's plan for its rows, merged."""
+        return self._merge([(rows, cache.plan(self.rows, self.shift, self.align)) for cache, rows in groups])
+
+    def _recompute(self, groups) -> Plan:
+        """What the doubted rows recompute: their verifying caches' plans, merged."""
+        return self._merge([(rows, cache.recompute(self.rows, self.shift)) for cache, rows in groups if cache.verifies])
+
+    @staticmethod
+    def _merge(plans: list) -> Plan:
         plan = plans[0][1]
         for rows, other in plans[1:]:
             plan = plan.where(rows, other)
         return plan
-
-    def _verifying(self) -> bool:
-        return any(cache.verifies for cache, _ in self._by_setting())
-
-    def _recompute(self, doubted: torch.Tensor) -> Plan:
-        plan = None
-        for cache, rows in self._by_setting():
-            if cache.verifies:
-                other = cache.recompute(self.rows, self.shift)
-                plan = other if plan is None else plan.where(rows, other)
-        return plan
-
-    def _after(self, work: StepWork) -> None:
-        for cache, rows in self._by_setting():
-            cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
 
     def _forget_settings(self) -> None:
         """Settings no running row uses are dropped, so a long-running server's tables stay small."""

@@ -30,7 +30,7 @@ class StepWork:
     """Iterate it for the step's forwards (each yielded after the previous one committed)."""
 
     def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor, verifying: bool, replan) -> None:
-        """`replan(doubted)`: the plan of what doubted rows recompute (their cache policies')."""
+        """`replan()`: the plan of what doubted rows recompute (their cache policies')."""
         self.rows, self.plan, self.run, self.verifying, self.replan = rows, plan, run, verifying, replan
         self.seal = run & plan.seals
         self.window_rows, self.full_rows = run & ~plan.full, run & plan.full
@@ -51,7 +51,7 @@ class StepWork:
         if self.verifying and bool(self.redo.any()):
             # doubted rows recompute the step: in the full forward (the whole canvas), or in one more
             # window (the block and the masked suffix), as their cache says
-            again = self.replan(self.redo)
+            again = self.replan()
             self.plan = self.plan.where(self.redo, again)
             full_rows = full_rows | (self.redo & again.full)
             suffix = self.redo & ~again.full

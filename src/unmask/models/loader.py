@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 
 from unmask.errors import CheckpointError
+from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
 from unmask.models.registry import resolve_family
 
@@ -85,7 +86,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     """Load the model in `path`; returns (model in eval mode, raw config.json dict)."""
     folder = Path(path)
     if not folder.is_dir():
-        inside = next((p for p in folder.parents if p.exists() and not p.is_dir()), None)
+        inside = file_inside_file(folder)
         what = ("is a file" if folder.exists() else "does not exist"
                 + (f" ({inside} is a file)" if inside is not None else ""))
         raise CheckpointError(f"model folder {folder} {what}; a model is a checkpoint folder (config.json, "
