@@ -351,12 +351,14 @@ class Browser:
 
         import websocket
 
-        self.profile = tempfile.TemporaryDirectory()
-        self.proc = subprocess.Popen(
+        self.profile = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
+        self.proc = subprocess.Popen(  # its own process group: close() stops every Chromium process
             [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-quic", "--no-first-run",
              "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
              f"--user-data-dir={self.profile.name}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.time() + 60
         port = None
         while port is None and time.time() < deadline:
@@ -381,9 +383,23 @@ class Browser:
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
     def close(self) -> None:
+        """Stop Chromium and every process it started (they write into the profile until they end),
+        then remove the profile."""
+        import os
+        import signal
+        import subprocess
+
         self.ws.close()
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         self.profile.cleanup()
 
 
