@@ -238,3 +238,138 @@ def write_llada_block(folder, bd_size=4, **kw) -> Path:
     cfg.update(bd_size=bd_size, logit_shift=1)
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+LLADA2_SPECIALS = ["<|endoftext|>", "<|mask|>", "<role>", "</role>", "<|role_end|>"]
+
+
+def llada2_tensors(vocab: int, d: int, layers: int, heads: int, kv_heads: int, ff: int, experts: int, eff: int,
+                   shared: int, dense_layers: int, gen, scale=0.3, out_bias: bool = False):
+    """LLaDA2.x keys (inclusionAI/LLaDA2.0-mini's model.safetensors index): fused query_key_value,
+    query/key layernorms, `dense`, dense `mlp` in the first layers, then `mlp.gate` (+ expert_bias),
+    `mlp.experts.{e}` and `mlp.shared_experts`."""
+    hd = d // heads
+    r = lambda *s: torch.randn(*s, generator=gen) * scale  # noqa: E731
+    t = {"model.word_embeddings.weight": r(vocab, d) * 3}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=gen)
+        t[p + "attention.query_key_value.weight"] = r((heads + 2 * kv_heads) * hd, d)
+        t[p + "attention.query_layernorm.weight"] = 1 + 0.1 * torch.randn(hd, generator=gen)
+        t[p + "attention.key_layernorm.weight"] = 1 + 0.1 * torch.randn(hd, generator=gen)
+        t[p + "attention.dense.weight"] = r(d, heads * hd)
+        if out_bias:
+            t[p + "attention.dense.bias"] = r(d)
+        if i < dense_layers:
+            for n, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
+                t[p + f"mlp.{n}.weight"] = r(*shape)
+            continue
+        t[p + "mlp.gate.weight"] = r(experts, d) * 3
+        t[p + "mlp.gate.expert_bias"] = 0.1 * torch.randn(experts, generator=gen)
+        for e in range(experts):
+            for n, shape in (("gate_proj", (eff, d)), ("up_proj", (eff, d)), ("down_proj", (d, eff))):
+                t[p + f"mlp.experts.{e}.{n}.weight"] = r(*shape)
+        if shared:
+            for n, shape in (("gate_proj", (eff * shared, d)), ("up_proj", (eff * shared, d)),
+                             ("down_proj", (d, eff * shared))):
+                t[p + f"mlp.shared_experts.{n}.weight"] = r(*shape)
+    t["model.norm.weight"] = torch.ones(d)
+    t["lm_head.weight"] = r(vocab, d) * 3
+    return t
+
+
+def write_llada2(folder, d=32, layers=3, heads=4, kv_heads=2, ff=48, experts=8, top_k=2, eff=16, shared=1,
+                 n_group=4, topk_group=2, dense_layers=1, seed=0, shards=2, out_bias=False, **extra) -> Path:
+    """LLaDA2.x's layout (inclusionAI/LLaDA2.0-mini, LLaDA2.1-mini): model_type llada2_moe, the
+    remote-code auto_map (never executed), no block field (its generate's block_length, 32, is the
+    attention block unless bd_size is given), mask `<|mask|>` and `<|endoftext|>` found by name,
+    partial rotary 0.5, sigmoid router with groups and expert bias, a shared expert."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _write_tokenizer(folder, LLADA2_SPECIALS)
+    cfg = {
+        "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe",
+        "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                     "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+        "vocab_size": len(vocab), "hidden_size": d, "intermediate_size": ff, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "hidden_act": "silu", "use_qkv_bias": False,
+        "use_qk_norm": True, "use_bias": out_bias, "rms_norm_eps": 1e-6, "norm_head": False, "tie_word_embeddings": False,
+        "max_position_embeddings": 8192, "rope_theta": 600000, "rope_scaling": None, "num_experts": experts,
+        "num_shared_experts": shared, "num_experts_per_tok": top_k, "n_group": n_group, "topk_group": topk_group,
+        "routed_scaling_factor": 2.5, "moe_intermediate_size": eff, "first_k_dense_replace": dense_layers,
+        "head_dim": d // heads, "partial_rotary_factor": 0.5, "moe_router_enable_expert_bias": True,
+        "score_function": "sigmoid", "use_sliding_window": False, "output_router_logits": False,
+        "pad_token_id": vocab["<|endoftext|>"], "eos_token_id": vocab["<|endoftext|>"], "torch_dtype": "bfloat16",
+        **extra,
+    }
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab["<|endoftext|>"]}))
+    tok_cfg = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>",
+               "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    g = torch.Generator().manual_seed(seed)
+    t = llada2_tensors(len(vocab), d, layers, heads, kv_heads, ff, experts, eff, shared, dense_layers, g,
+                       out_bias=out_bias)
+    t["lm_head.weight"][vocab["<|mask|>"]] = 0  # no model here prefers MASK (the reference would never finish)
+    _save_sharded(folder, t, shards)
+    return folder
+
+
+def write_llada_moe(folder, d=32, layers=3, heads=4, ff=48, experts=8, top_k=2, eff=16, shared_ff=24, seed=0,
+                    shards=2, moe_layer_freq=(0, 1, 1), expert_bias=True, **extra) -> Path:
+    """LLaDA-MoE's layout (inclusionAI/LLaDA-MoE-7B-A1B-Instruct): OLMoE-style keys (self_attn.{q,k,v,o}_proj,
+    per-head q_norm / k_norm, mlp.gate, mlp.experts.{e}, mlp.expert_bias, shared_expert beside mlp),
+    model_type "llada" with the LLaDAMoEModelLM architecture, a dense first layer (moe_layer_freq 0)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _write_tokenizer(folder, LLADA_SPECIALS)
+    V = len(vocab)
+    cfg = {
+        "architectures": ["LLaDAMoEModelLM"], "model_type": "llada",
+        "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAMoEConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM"},
+        "vocab_size": V, "hidden_size": d, "dense_intermediate_size": ff, "expert_intermediate_size": eff,
+        "shared_expert_intermediate_size": shared_ff, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": heads, "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 50000, "partial_rotary_factor": 1, "attention_bias": False, "num_experts_per_tok": top_k,
+        "num_experts": experts, "norm_topk_prob": True, "qk_layernorm": True, "moe_layer_freq": list(moe_layer_freq),
+        "moe_router_enable_expert_bias": expert_bias, "moe_router_score_function": "softmax",
+        "routed_scaling_factor": 1, "router_num_group": 1, "router_topk_group": 1, "tie_word_embeddings": False,
+        "mask_token_id": vocab["<|mdm_mask|>"], "eos_token_id": vocab["<|endoftext|>"],
+        "pad_token_id": vocab["<|endoftext|>"], **extra,
+    }
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": vocab["<|endoftext|>"]}))
+    tok_cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "chat_template": LLADA_TEMPLATE, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    g = torch.Generator().manual_seed(seed)
+    hd = d // heads
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    t = {"model.embed_tokens.weight": r(V, d) * 3}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=g)
+        t[p + "post_attention_layernorm.weight"] = 1 + 0.1 * torch.randn(d, generator=g)
+        for n in ("q", "k", "v", "o"):
+            t[p + f"self_attn.{n}_proj.weight"] = r(d, d)
+        t[p + "self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
+        t[p + "self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(hd, generator=g)
+        if moe_layer_freq[i] == 0:
+            for n, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
+                t[p + f"mlp.{n}.weight"] = r(*shape)
+            continue
+        t[p + "mlp.gate.weight"] = r(experts, d) * 3
+        if expert_bias:
+            t[p + "mlp.expert_bias"] = 0.05 * torch.randn(experts, generator=g)
+        for e in range(experts):
+            for n, shape in (("gate_proj", (eff, d)), ("up_proj", (eff, d)), ("down_proj", (d, eff))):
+                t[p + f"mlp.experts.{e}.{n}.weight"] = r(*shape)
+        if shared_ff:
+            for n, shape in (("gate_proj", (shared_ff, d)), ("up_proj", (shared_ff, d)), ("down_proj", (d, shared_ff))):
+                t[p + f"shared_expert.{n}.weight"] = r(*shape)
+    t["model.norm.weight"] = torch.ones(d)
+    t["lm_head.weight"] = r(V, d) * 3
+    t["lm_head.weight"][cfg["mask_token_id"]] = 0
+    _save_sharded(folder, t, shards)
+    return folder

@@ -612,3 +612,175 @@ def _decode_ar(
         out[c.rows] = c.x
     nfe = row_nfe.tolist()
     return Decoded(out[:, P:].tolist(), nfe, [[1] * n for n in nfe], steps, "causal", P)
+
+
+# ---------------------------------------------------------------- LLaDA2.x / LLaDA-MoE
+
+class MoERef:
+    """LLaDA2.x and LLaDA-MoE forwards written from the published modeling code's description, one
+    token at a time through its experts (no sorting, no grouped multiply): fused or separate
+    q/k/v, per-head RMSNorm of q and k, rotary on the first `partial_rotary_factor` of each head,
+    routers as each family's modeling code computes them. `attn_mask` (T, T) bool, True = attend."""
+
+    def __init__(self, folder):
+        folder = Path(folder)
+        self.cfg = c = json.loads((folder / "config.json").read_text())
+        self.w = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            self.w.update(load_file(str(f)))
+        self.llada2 = c["model_type"] == "llada2_moe"
+        self.L, self.H, self.Hkv = c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
+        self.d, self.eps, self.theta = c["hidden_size"], c["rms_norm_eps"], c["rope_theta"]
+        self.hd = self.d // self.H
+        self.rot = int(self.hd * c.get("partial_rotary_factor", 1.0))
+
+    def _lin(self, x, name):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
+    def _norm(self, x, weight):
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _rope(self, t, positions):
+        r = self.rot
+        inv = 1.0 / (self.theta ** (torch.arange(0, r, 2, dtype=torch.float) / r))
+        emb = torch.cat([positions.float()[:, None] * inv] * 2, dim=-1)
+        a, rest = t[..., :r], t[..., r:]
+        x1, x2 = a[..., : r // 2], a[..., r // 2 :]
+        return torch.cat([a * emb.cos() + torch.cat((-x2, x1), dim=-1) * emb.sin(), rest], dim=-1)
+
+    def _mlp(self, x, p):
+        return self._lin(F.silu(self._lin(x, p + "gate_proj")) * self._lin(x, p + "up_proj"), p + "down_proj")
+
+    def _moe_token(self, x, p):
+        """One token (d,) through the router and its chosen experts."""
+        c = self.cfg
+        logits = self.w[p + "gate.weight"].float() @ x.float()
+        E, k = c["num_experts"], c["num_experts_per_tok"]
+        if self.llada2:
+            scores = torch.sigmoid(logits)
+            biased = scores + self.w[p + "gate.expert_bias"]
+            g = c.get("n_group", 1)
+            per = E // g
+            group_score = [sorted(biased[j * per:(j + 1) * per].tolist(), reverse=True)[:2] for j in range(g)]
+            group_score = torch.tensor([sum(s) for s in group_score])
+            keep_groups = set(torch.topk(group_score, c.get("topk_group", 1)).indices.tolist())
+            allowed = [e for e in range(E) if e // per in keep_groups]
+            chosen = sorted(allowed, key=lambda e: -float(biased[e]))[:k]
+            w = scores[chosen]
+            w = w / (w.sum() + 1e-20) if k > 1 else w
+            w = w * c.get("routed_scaling_factor", 1.0)
+        else:
+            scores = torch.softmax(logits, -1)
+            if p + "expert_bias" in self.w:
+                scores = scores + self.w[p + "expert_bias"]
+            chosen = sorted(range(E), key=lambda e: -float(scores[e]))[:k]
+            w = scores[chosen]
+        out = torch.zeros_like(x)
+        for e, we in zip(chosen, w):
+            out = out + we * self._mlp(x, p + f"experts.{e}.")
+        return out
+
+    def __call__(self, x, positions, attn_mask=None):
+        """x (B, T) -> logits (B, T, V)."""
+        c = self.cfg
+        emb = "model.word_embeddings.weight" if self.llada2 else "model.embed_tokens.weight"
+        h = self.w[emb][x]
+        B, T = x.shape
+        for i in range(self.L):
+            p = f"model.layers.{i}."
+            a = self._norm(h, self.w[p + "input_layernorm.weight"])
+            if self.llada2:
+                qkv = self._lin(a, p + "attention.query_key_value").view(B, T, self.H + 2 * self.Hkv, self.hd)
+                q, k, v = qkv[:, :, : self.H], qkv[:, :, self.H : self.H + self.Hkv], qkv[:, :, self.H + self.Hkv :]
+                qn, kn, o = p + "attention.query_layernorm.weight", p + "attention.key_layernorm.weight", p + "attention.dense"
+            else:
+                q = self._lin(a, p + "self_attn.q_proj").view(B, T, self.H, self.hd)
+                k = self._lin(a, p + "self_attn.k_proj").view(B, T, self.Hkv, self.hd)
+                v = self._lin(a, p + "self_attn.v_proj").view(B, T, self.Hkv, self.hd)
+                qn, kn, o = p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight", p + "self_attn.o_proj"
+            if qn in self.w:
+                q, k = self._norm(q, self.w[qn]), self._norm(k, self.w[kn])
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = torch.stack([self._rope(q[b], positions[b]) for b in range(B)])
+            k = torch.stack([self._rope(k[b], positions[b]) for b in range(B)])
+            rep = self.H // self.Hkv
+            att = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                 attn_mask=attn_mask)
+            h = h + self._lin(att.transpose(1, 2).reshape(B, T, self.H * self.hd), o)
+            f = self._norm(h, self.w[p + "post_attention_layernorm.weight"])
+            if p + "mlp.gate.weight" in self.w:
+                y = torch.stack([torch.stack([self._moe_token(f[b, t], p + "mlp.") for t in range(T)])
+                                 for b in range(B)])
+                shared = p + ("mlp.shared_experts." if self.llada2 else "shared_expert.")
+                if shared + "gate_proj.weight" in self.w:
+                    y = y + self._mlp(f, shared)
+            else:
+                y = self._mlp(f, p + "mlp.")
+            h = h + y
+        return self._norm(h, self.w["model.norm.weight"]) @ self.w["lm_head.weight"].T
+
+
+def llada2_generate(model, prompt, gen_length, block_length, threshold, editing_threshold, max_post_steps,
+                    eos_early_stop, eos_id, mask_id, num_to_transfer=1):
+    """Port of LLaDA2.1's `generate` (modeling_llada2_moe.py), greedy, one prompt, line by line;
+    `model(x, positions, attn_mask)` returns logits. Returns (generated ids, forwards)."""
+    forwards = 0
+    prompt_length = len(prompt)
+    num_blocks = (prompt_length + gen_length + block_length - 1) // block_length
+    total_length = num_blocks * block_length
+    block_mask = torch.tril(torch.ones(num_blocks, num_blocks))
+    attn = block_mask.repeat_interleave(block_length, 0).repeat_interleave(block_length, 1).bool()
+    position_ids = torch.arange(total_length)[None]
+    x = torch.full((1, total_length), mask_id, dtype=torch.long)
+    x[0, :prompt_length] = torch.tensor(prompt)
+    prefill_blocks = prompt_length // block_length
+    for num_block in range(prefill_blocks, num_blocks):
+        end = (num_block + 1) * block_length
+        cur_x = x[:, :end]
+        block_start = num_block * block_length
+        post_steps = 0
+        while True:
+            old = cur_x[:, -block_length:].clone()
+            active = cur_x[:, -block_length:] == mask_id
+            if not active.any():
+                post_steps += 1
+            if post_steps > max_post_steps:
+                break
+            prompt_in_block = torch.zeros(block_length, dtype=torch.bool)
+            if block_start < prompt_length:
+                prompt_in_block[: min(prompt_length - block_start, block_length)] = True
+            logits = model(cur_x, position_ids[:, :end], attn[:end, :end])
+            forwards += 1
+            probs = F.softmax(logits[:, -block_length:].float(), dim=-1)
+            x0 = probs.argmax(-1)
+            x0_p = probs.gather(-1, x0[..., None]).squeeze(-1)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            if active.sum() > 0:
+                conf = torch.where(active, x0_p, -torch.inf)
+                high = (conf[0] > threshold) & active[0]
+                if high.sum().item() >= num_to_transfer:
+                    transfer[0] = high
+                else:
+                    _, idx = torch.topk(conf[0], k=min(num_to_transfer, int(active.sum())))
+                    transfer[0, idx] = True
+            editable = ~active & ~prompt_in_block[None, :]
+            edit_conf = torch.where(editable, x0_p, -torch.inf)
+            edit = (edit_conf[0] > editing_threshold) & editable[0] & (x0[0] != old[0])
+            final = transfer.clone()
+            final[0] |= edit
+            if final.any():
+                cur_x[:, -block_length:][final] = x0[final]
+            if active.sum() == 0 and not edit.any():
+                break
+        x[:, :end] = cur_x
+        if eos_early_stop:
+            gen = x[0, prompt_length:end]
+            if (gen == mask_id).sum() == 0 and (gen == eos_id).any():
+                break
+    answer = x[0, prompt_length : prompt_length + gen_length].tolist()
+    if eos_id in answer:
+        answer = answer[: answer.index(eos_id) + 1]
+    return answer, forwards

@@ -110,8 +110,9 @@ class LLM:
         decoded = run_reference(self.model, self.token_ids, ids, params)
         seconds = time.perf_counter() - t0
         ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
+        edits = decoded.row_edits or [[] for _ in decoded.rows]
         results = [self.result_of(raw, decoded.row_nfe[r], decoded.row_commits[r],
-                                  ends[decoded.row_nfe[r] - 1] if decoded.row_nfe[r] else 0.0)
+                                  ends[decoded.row_nfe[r] - 1] if decoded.row_nfe[r] else 0.0, edits=sum(edits[r]))
                    for r, raw in enumerate(decoded.rows)]
         return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
@@ -127,10 +128,12 @@ class LLM:
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0
-        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards) for q in reqs]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards, q.edits, q.remasked)
+                   for q in reqs]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
 
     def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float,
-                  seal_forwards: int = 0) -> GenerationResult:
+                  seal_forwards: int = 0, edits: int = 0, remasked: int = 0) -> GenerationResult:
         """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
-        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, seal_forwards)
+        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, seal_forwards, edits,
+                         remasked)

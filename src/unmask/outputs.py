@@ -16,6 +16,8 @@ class GenerationResult:
     commits: list[int]  # tokens committed at each of those forwards
     seconds: float = 0.0  # from the start of decoding until this request finished (its latency)
     seal_forwards: int = 0  # block models: forwards that also wrote a finished block's exact K/V
+    edits: int = 0  # committed tokens this row's policy replaced by others (token-to-token editing)
+    remasked: int = 0  # committed tokens this row's policy masked again (remasking)
 
     @property
     def num_tokens(self) -> int:
@@ -51,10 +53,10 @@ class BatchOutput:
 
 
 def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
-              seal_forwards: int = 0) -> GenerationResult:
+              seal_forwards: int = 0, edits: int = 0, remasked: int = 0) -> GenerationResult:
     """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
     cut = first_stop_index(raw, set(stop_ids))
     ids = raw if cut is None else raw[:cut]
     return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                             finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
-                            seconds=seconds, seal_forwards=seal_forwards)
+                            seconds=seconds, seal_forwards=seal_forwards, edits=edits, remasked=remasked)

@@ -31,6 +31,11 @@ def _positive_int(name: str, v) -> str | None:
     return None if ok else f"{name} {v!r} must be a positive integer"
 
 
+def _non_negative_int(name: str, v) -> str | None:
+    ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return None if ok else f"{name} {v!r} must be a non-negative integer"
+
+
 def _interval(lo: float, hi: float, lo_open: bool = True, hi_open: bool = False):
     def check(name: str, v) -> str | None:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -78,6 +83,11 @@ class GenerationParams:
     top_k: int | None = _param(None, "sample among the k most likely tokens", _positive_int)
     top_p: float | None = _param(None, "sample from the smallest set with probability >= p", _interval(0, 1))
     seed: int | None = _param(None, "random seed of a sampled or random-order decode", None)
+    edit_threshold: float | None = _param(None, "edit policy (and compat llada2): replace a committed token of the "
+                                          "open block by the model's argmax when that differs with probability "
+                                          "above this (token-to-token editing)", _interval(0, 1))
+    max_post_steps: int = _param(16, "edit policy: editing steps a block may take after its last mask is committed",
+                                 _non_negative_int)
     compat: str | None = _param(None, "reproduce a reference sampler token for token", _choices(COMPAT_MODES))
     alg: str | None = _param(None, "Dream algorithm, with compat dream", _choices(DREAM_ALGS))
     eps: float = _param(1e-3, "Dream's timestep floor, with compat dream", _interval(0, 1, hi_open=True))
@@ -107,6 +117,7 @@ class GenerationParams:
         resolved parameters. `block_size`: the model's attention block when it is a
         block-diffusion model (its blocks are fixed by position, so the canvas need not tile)."""
         p = self.resolved()
+        tiles = p.compat is None or get_mode(p.compat).tiles
         if block_size and p.compat is None:
             if block_size % p.block_length:
                 raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model attends in blocks of "
@@ -115,7 +126,7 @@ class GenerationParams:
             if p.gen_length % p.total_steps:
                 raise UnmaskError(f"steps {p.total_steps}: on a block-diffusion model the fixed schedule commits "
                                   f"gen_length / steps tokens per step, so steps must divide gen_length {p.gen_length}")
-        else:
+        elif tiles:
             if p.gen_length % p.block_length:
                 raise UnmaskError(f"gen_length {p.gen_length} is not a multiple of block_length {p.block_length}")
             if p.total_steps % p.num_blocks:
@@ -238,6 +249,9 @@ def implied_policy(given: dict) -> str | None:
         for knob in cls.implied_by():
             if given.get(knob) is not None:
                 implied.setdefault(name, knob)
+    if len(implied) > 1:  # a knob another implied policy also reads implies only that one (threshold with edit)
+        implied = {n: k for n, k in implied.items()
+                   if not any(k in POLICIES[o].reads for o in implied if o != n)} or implied
     if len(implied) > 1:
         flags = " and ".join(f"{k} (policy {n})" for n, k in implied.items())
         raise UnmaskError(f"{flags} belong to different policies; name one with policy")
@@ -278,7 +292,7 @@ def _check_knobs_apply(given: dict, p: GenerationParams) -> None:
     for name, cls in POLICIES.items():
         if name == p.policy:
             continue
-        own = set(cls.implied_by()) - set(POLICIES[p.policy].implied_by())
+        own = set(cls.implied_by()) - set(POLICIES[p.policy].implied_by()) - set(POLICIES[p.policy].reads)
         for knob in sorted(own & {k for k, v in given.items() if v is not None}):
             if knob == "steps" and "gen_length" in given:
                 continue

@@ -16,6 +16,8 @@ class ForwardRecord:
     seconds: float = 0.0
     seal_rows: int = 0
     block: int = -1  # the reference loops' block index (-1: rows may be in different blocks)
+    edits: int = 0  # committed tokens replaced by another token over all rows (editing policies)
+    remasked: int = 0  # committed tokens masked again over all rows (remasking policies)
 
     @property
     def refresh(self) -> bool:
@@ -36,6 +38,7 @@ class Decoded:
     steps: list[ForwardRecord] = field(default_factory=list)
     cache: str = "none"
     prompt_len: int = 0  # columns before the generation region (the longest prompt)
+    row_edits: list[list[int]] | None = None  # tokens edited at each of those forwards (editing loops)
 
     @property
     def nfe(self) -> int:

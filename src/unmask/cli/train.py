@@ -7,7 +7,7 @@ from unmask.cli.common import parse_tasks
 
 TRAIN_FLAGS = (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int), ("batch", int),
                ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int), ("eval-n", int),
-               ("logit-shift", int), ("block-length", int))
+               ("logit-shift", int), ("block-length", int), ("edit-noise", float), ("edit-weight", float))
 
 
 def cmd_train(a: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ class Committed:
     commit: torch.Tensor  # (B, W) committed block columns
     tokens: torch.Tensor  # (B, W) proposals
     candidates: torch.Tensor  # (B, W) masked block columns before the commit
+    edits: torch.Tensor | None = None  # (B,) committed tokens replaced (revising policies), or None
+    remasked: torch.Tensor | None = None  # (B,) committed tokens masked again
 
 
 class Committer:
@@ -40,6 +42,7 @@ class Committer:
         cand = (x.gather(1, cols) == self.mask) & valid
         tokens = torch.zeros_like(cols)
         commit = torch.zeros_like(cand)
+        edit = remask = None
         doubt = torch.zeros(idx.numel(), dtype=torch.bool, device=r.device)
         cfgs = r.cfg[idx]
         distinct = sorted(set(r.settings))
@@ -64,15 +67,35 @@ class Committer:
                 prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
                 doubt[sel] = parts.cache.doubts(prob, c)
             tokens[sel], commit[sel] = tok, c
+            if getattr(parts.policy, "revises", False):  # the policy may also revise the block's committed tokens
+                if edit is None:
+                    edit, remask = torch.zeros_like(cand), torch.zeros_like(cand)
+                lg = logits[sel].float()
+                prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
+                editable = valid[sel] & ~cand[sel]
+                ed, rm = parts.policy.revise(prob, tok, x[sel].gather(1, cols[sel]), editable, c,
+                                             r.step[idx[sel]], None)
+                if ed is not None:
+                    edit[sel] = ed & editable
+                if rm is not None:
+                    remask[sel] = rm & editable & ~edit[sel]
         if watching:
             self._show(idx, s, cols, cand & ~commit, tokens)
         if verify:
             commit = commit & ~doubt[:, None]
-        new = torch.where(commit, tokens, x.gather(1, cols))
+        write = commit
+        if edit is not None:
+            if verify:
+                edit, remask = edit & ~doubt[:, None], remask & ~doubt[:, None]
+            write = commit | edit
+        new = torch.where(write, tokens, x.gather(1, cols))
+        if edit is not None:
+            new = torch.where(remask, self.mask, new)
         x.scatter_(1, cols, new)
         x[:, r.cap] = r.pad_id
         r.x[idx] = x
-        return Committed(idx, commit.sum(-1), doubt if verify else None, commit, tokens, cand)
+        return Committed(idx, commit.sum(-1), doubt if verify else None, commit, tokens, cand,
+                         None if edit is None else edit.sum(-1), None if edit is None else remask.sum(-1))
 
     def _show(self, idx, s, cols, still_open, tokens) -> None:
         """The playground's view of watched rows: what each open position would become this step."""

@@ -139,7 +139,8 @@ class Engine:
         for cache, rows in groups:  # each policy updates its own per-row counters
             cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
         outputs = postprocess.advance(self.rows, work.run, self.rows.s, self.rows.e, work.committed, work.seal,
-                                      work.redo, self.mask, self.stop_ids, self._finished)
+                                      work.redo, self.mask, self.stop_ids, self._finished,
+                                      work.had_mask, work.edits, work.remasked)
         self.trace.extend(work.finish_records())
         self._forget_settings()
         return outputs

@@ -52,6 +52,8 @@ class Request:
     status: Status = Status.WAITING
     nfe: int = 0
     seal_forwards: int = 0  # of its forwards, those that wrote a finished block's exact K/V (block models)
+    edits: int = 0  # committed tokens its policy replaced (token-to-token editing)
+    remasked: int = 0  # committed tokens its policy masked again (remasking)
     commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
     committed: int = 0  # contiguous committed tokens from the start of the answer
     canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)

@@ -39,6 +39,8 @@ class RowState:
     since: torch.Tensor = per_row()  # cache policy counter: tokens committed since the last full forward
     kv_done: torch.Tensor = per_row()  # cache policy counter: K/V exact before this column (block models)
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
+    max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
+    post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
     quota: torch.Tensor = per_row(width=True)  # (n, steps) tokens to commit at each step of the block
     # host-side
     reqs: list = field(default_factory=list)
@@ -90,6 +92,7 @@ class RowState:
         row = dict(x=x, pos=pos, L=L, P=P, blk=p.block_length, spb=p.steps_per_block,
                    tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
                    cfg=cfg_id, since=0, kv_done=P // align * align if align else 0, early=req.parts.early_stop,
+                   max_post=req.parts.policy.post_steps if getattr(req.parts.policy, "revises", False) else -1, post=0,
                    quota=torch.zeros(1, self.quota.shape[1], dtype=torch.long))
         for f in self._fields():
             value = row[f.name]

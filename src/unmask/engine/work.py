@@ -42,6 +42,9 @@ class StepWork:
             self.seal.sum()]).tolist()
         self.committed = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
         self.redo = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)
+        self.edits = torch.zeros(rows.n, dtype=torch.long, device=rows.device)  # revising policies' edits
+        self.remasked = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
+        self.had_mask = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)  # the open block had a mask
         self.records: list[tuple[ForwardRecord, torch.Tensor]] = []
 
     def __iter__(self):
@@ -71,15 +74,22 @@ class StepWork:
 
     def record(self, f: Forward, done: Committed, seconds: float) -> None:
         self.committed[done.idx] = done.counts
+        self.had_mask[done.idx] = done.candidates.any(-1)
+        zero = done.counts.new_zeros(())
+        if done.edits is not None:
+            self.edits[done.idx] = done.edits
+            self.remasked[done.idx] = done.remasked
         if done.doubted is not None:
             self.redo[done.idx] = done.doubted
         label = "seal" if f.kind == "window" and self.n_seal else f.kind
         rec = ForwardRecord(label, f.count, f.positions / f.count, 0, seconds, self.n_seal if label == "seal" else 0)
-        self.records.append((rec, done.counts.sum()))
+        self.records.append((rec, torch.stack([done.counts.sum(),
+                                               zero if done.edits is None else done.edits.sum(),
+                                               zero if done.remasked is None else done.remasked.sum()])))
 
     def finish_records(self) -> list[ForwardRecord]:
-        """The step's records, their committed counts read in one transfer."""
+        """The step's records, their committed, edited and remasked counts read in one transfer."""
         if self.records:
-            for (rec, _), n in zip(self.records, torch.stack([c for _, c in self.records]).tolist()):
-                rec.committed = n
+            for (rec, _), (n, ed, rm) in zip(self.records, torch.stack([c for _, c in self.records]).tolist()):
+                rec.committed, rec.edits, rec.remasked = n, ed, rm
         return [rec for rec, _ in self.records]

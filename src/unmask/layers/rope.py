@@ -13,6 +13,8 @@ class RotaryEmbedding:
     grow and no host sync to size it (the same element-wise float32 ops a table would hold)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
+        """`head_dim`: the rotated dims of a head (all of it, or its first part: partial rotary,
+        whose frequencies are those of a head of that size, as transformers computes them)."""
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
@@ -35,6 +37,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, q, D) rotated in float32 and cast back to its dtype."""
+    """x (B, H, q, D) rotated in float32 and cast back to its dtype. When cos covers fewer than
+    D dims (partial rotary), only the first cos.shape[-1] dims of each head are rotated."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rotary(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     xf = x.float()
     return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)

@@ -8,6 +8,7 @@ from torch import nn
 
 from unmask.errors import CheckpointError
 from unmask.layers.attention import KVBuffer
+from unmask.layers.moe import MoEConfig
 from unmask.layers.rope import RotaryEmbedding
 
 
@@ -39,6 +40,12 @@ class ArchConfig:
     head_size: int = 0
     # RMSNorm of each head's queries and keys before RoPE (Qwen3, SDAR: q_norm / k_norm)
     qk_norm: bool = False
+    # rotated dims of each head (partial rotary, LLaDA2.x partial_rotary_factor); 0 = the whole head
+    rotary_dim: int = 0
+    # bias on the attention output projection (LLaDA2.x use_bias)
+    attn_out_bias: bool = False
+    # mixture-of-experts feed-forward (LLaDA2.x, LLaDA-MoE); None = dense
+    moe: MoEConfig | None = None
 
     def __post_init__(self) -> None:
         """A config that cannot describe a working model is refused by name."""
@@ -66,16 +73,32 @@ class ArchConfig:
                                   f"{self.num_kv_heads} key/value heads")
         if self.head_dim % 2:
             raise CheckpointError(f"config.json: head size {self.head_dim} must be even for rotary embeddings")
+        if (not isinstance(self.rotary_dim, int) or isinstance(self.rotary_dim, bool) or self.rotary_dim < 0
+                or self.rotary_dim > self.head_dim or self.rotary_dim % 2):
+            raise CheckpointError(f"config.json: rotary dims {self.rotary_dim!r} must be an even number of at most "
+                                  f"the head size {self.head_dim} (partial_rotary_factor)")
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden_size // self.num_heads
 
-    def num_parameters(self, embeddings: bool = True) -> int:
+    def num_parameters(self, embeddings: bool = True, active: bool = False) -> int:
+        """Parameters in total, or (`active`) those one token reads: with experts, the router,
+        its top_k routed experts and the shared experts of each MoE layer."""
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
-        per_layer = attn + 3 * d * f + 2 * d
-        total = self.num_layers * (per_layer + (2 * hd if self.qk_norm else 0)) + d
+        per_layer = attn + 2 * d + (2 * hd if self.qk_norm else 0)
+        total = self.num_layers * per_layer + d
+        m = self.moe
+        moe_layers = m.layers_moe(self.num_layers) if m else 0
+        total += (self.num_layers - moe_layers) * 3 * d * f
+        if m:
+            routed = m.top_k if active else m.num_experts
+            total += moe_layers * (m.num_experts * d + routed * 3 * d * m.expert_size + 3 * d * m.shared_size)
         if embeddings:
             total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
         return total

@@ -9,6 +9,8 @@ from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, sdar_arch
 from unmask.models.dream import DreamModel, dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
+from unmask.models.llada2 import LLaDA2Model, llada2_arch
+from unmask.models.llada_moe import LLaDAMoEModel, llada_moe_arch
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,11 @@ class Family:
 
 
 FAMILIES = (
+    # before LLaDA: LLaDA-MoE releases may say model_type "llada"; their architecture decides
+    Family("llada_moe", ("lladamoe",), ("LLaDAMoEModelLM", "LLaDAMoEModel"), llada_moe_arch, LLaDAMoEModel),
     Family("llada", ("llada",), ("LLaDAModelLM",), llada_arch, LLaDAModel),
+    # LLaDA2.0 / 2.1: block-diffusion mixture of experts
+    Family("llada2", ("llada2_moe",), ("LLaDA2MoeModelLM",), llada2_arch, LLaDA2Model),
     Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel),
     # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
     Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel),

@@ -4,6 +4,7 @@ decoding, which is the request engine's (unmask.engine).
 - modes.py: each reproduced reference, what it supports, its parts and loop rules;
 - lockstep.py: LLaDA's, Fast-dLLM v1's and Dream's lockstep batch loop;
 - fast_dllm_v2.py: Fast-dLLM v2's `batch_sample`;
+- llada2.py: LLaDA2.1's `generate` (mask-to-token plus token-to-token editing);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 
@@ -12,10 +13,15 @@ def run_reference(model, tokens, prompts: list[list[int]], params):
     a unmask.trace.Decoded. (Imports are local: params.py imports modes.py from this package.)"""
     from unmask.reference.modes import get_mode
 
-    if get_mode(params.compat).block_loop:
+    loop = get_mode(params.compat).loop
+    if loop == "fast-dllm-v2":
         from unmask.reference.fast_dllm_v2 import decode_fast_dllm_v2
 
         return decode_fast_dllm_v2(model, tokens, prompts, params)
+    if loop == "llada2":
+        from unmask.reference.llada2 import decode_llada2
+
+        return decode_llada2(model, tokens, prompts, params)
     from unmask.reference.lockstep import decode_reference
 
     return decode_reference(model, tokens, prompts, params)

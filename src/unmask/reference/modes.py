@@ -7,7 +7,8 @@ A mode maps its name to
   Dream model),
 - its decoding parts for the lockstep loop (`parts`: proposal configuration, commit policy,
   schedule) and the rules by which that loop follows the reference (`LoopRules`),
-- or, with `block_loop`, its own loop (Fast-dLLM v2: unmask.reference.fast_dllm_v2).
+- or, with `loop`, its own loop (Fast-dLLM v2: unmask.reference.fast_dllm_v2; LLaDA2.1:
+  unmask.reference.llada2).
 Native decoding (unmask.engine) uses none of this. A new mode is one class here plus `@register`.
 Semantics of each reference: shared/docs/reference-semantics.md.
 """
@@ -55,7 +56,8 @@ class CompatMode:
     caches: ClassVar[tuple[str, ...]]
     top_k_top_p: ClassVar[bool] = False
     equal_length_prompts: ClassVar[bool] = True  # the reference attends to padding
-    block_loop: ClassVar[bool] = False  # runs unmask.reference.fast_dllm_v2, not the lockstep loop
+    loop: ClassVar[str] = "lockstep"  # lockstep (LLaDA, Fast-dLLM v1, Dream), fast-dllm-v2 or llada2
+    tiles: ClassVar[bool] = True  # gen_length must be a multiple of block_length, steps of the blocks
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -99,7 +101,7 @@ class FastDLLMv2(CompatMode):
     policies = ("threshold",)
     caches = ("exact", "exact-dual")
     equal_length_prompts = False  # prompts are right-padded with MASK, which is generated
-    block_loop = True
+    loop = "fast-dllm-v2"
 
     def resolve(self, p):
         """Its only rule is the threshold, and it always keeps a KV cache."""
@@ -108,6 +110,34 @@ class FastDLLMv2(CompatMode):
     def check(self, p):
         self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
         self._need(p, p.steps is None, f"steps {p.steps}")
+        super().check(p)
+
+
+@register
+class LLaDA2(CompatMode):
+    """LLaDA2.1's `generate` (its model code) on a LLaDA2.x checkpoint: blocks of `block_length`
+    from position 0 (its block_length argument, 32 by default, sets the attention blocks),
+    mask-to-token above `threshold` with its most-confident fallback, token-to-token edits above
+    `edit_threshold` (off when not given), `max_post_steps` editing steps after a block's last
+    mask, and `early_stop` as its eos_early_stop. Greedy only (its temperature-0 path).
+    SGLang's JointThreshold differs (docs/editing.md) and is not this mode."""
+
+    name = "llada2"
+    reference = "LLaDA2.1's generate"
+    family = "llada2"
+    policies = ("threshold", "edit")
+    caches = ("none",)
+    equal_length_prompts = False  # each row is decoded as if alone: positions from 0, no padding
+    loop = "llada2"
+    tiles = False  # a canvas of ceil((prompt + gen_length) / block_length) blocks
+
+    def resolve(self, p):
+        return replace(p, policy="edit")
+
+    def check(self, p):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
+        self._need(p, p.steps is None, f"steps {p.steps} (its generate commits by threshold, not by a schedule)")
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}")
         super().check(p)
 
 

@@ -21,6 +21,9 @@ from unmask.registry import Registry
 class CommitPolicy(Protocol):
     uses_schedule: bool  # does it consume the schedule's per-step quota?
     needs_entropy: bool
+    # does it also revise committed tokens (edit or remask: `revise`)? Such a policy's block may
+    # take `post_steps` more steps once no mask is left, and stays open while it edits
+    revises: bool
 
     def select(
         self,
@@ -50,6 +53,19 @@ class _Registered:
     bench_knob: ClassVar[str] = ""
     uses_schedule: ClassVar[bool] = False
     needs_entropy: ClassVar[bool] = False
+    revises: ClassVar[bool] = False
+    post_steps: ClassVar[int] = 0
+    reads: ClassVar[tuple[str, ...]] = ()  # other policies' knobs it also reads (they do not imply it)
+
+    def revise(self, prob: torch.Tensor, tokens: torch.Tensor, current: torch.Tensor, editable: torch.Tensor,
+               committed: torch.Tensor, step: torch.Tensor, generator: torch.Generator | None
+               ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """For a revising policy: (edit, remask), each (B, W) bool or None. `prob`: the probability
+        of each proposal `tokens`; `current`: the canvas before this step; `editable`: committed,
+        non-prompt columns of the open block before this step; `committed`: this step's commits;
+        `step`: (B,) the step inside the block. An edit writes the proposal over a committed token;
+        a remask puts MASK back."""
+        return None, None
 
     @classmethod
     def implied_by(cls) -> tuple[str, ...]:
@@ -132,6 +148,45 @@ class ThresholdPolicy(_Registered):
         s = score.masked_fill(~candidates, -torch.inf)
         best = torch.zeros_like(commit).scatter_(-1, s.argmax(-1, keepdim=True), True)
         return commit | (best & candidates)
+
+
+@register
+@dataclass
+class EditPolicy(_Registered):
+    """Mask-to-token plus token-to-token editing (LLaDA2.1): commit as the threshold policy does
+    (every candidate with confidence >= threshold, plus the most confident), and in the same step
+    replace each committed token of the open block whose proposal differs with probability above
+    `edit_threshold`. Once the block has no mask, up to `max_post_steps` more steps edit it; the
+    block ends at the first of them that edits nothing. Edits stay inside the open block (earlier
+    blocks, and so every cache of them, are never touched); the prompt is never edited."""
+
+    name: ClassVar[str] = "edit"
+    knob: ClassVar[str] = "edit_threshold"
+    bench_knob: ClassVar[str] = "edit threshold"
+    revises: ClassVar[bool] = True
+    threshold: float
+    edit_threshold: float
+    post_steps: int = 16
+
+    reads: ClassVar[tuple[str, ...]] = ("threshold",)
+
+    @classmethod
+    def implied_by(cls) -> tuple[str, ...]:
+        return ("edit_threshold", "max_post_steps")
+
+    @classmethod
+    def from_params(cls, p: Any) -> "EditPolicy":
+        return cls(p.threshold, DEFAULT_EDIT_THRESHOLD if p.edit_threshold is None else p.edit_threshold,
+                   p.max_post_steps)
+
+    def select(self, score, entropy, candidates, quota, step, generator):
+        return ThresholdPolicy(self.threshold).select(score, entropy, candidates, quota, step, generator)
+
+    def revise(self, prob, tokens, current, editable, committed, step, generator):
+        return editable & (prob > self.edit_threshold) & (tokens != current), None
+
+
+DEFAULT_EDIT_THRESHOLD = 0.9  # LLaDA2.1's generate default (its "quality mode" recommends 0.5 with threshold 0.7)
 
 
 @register

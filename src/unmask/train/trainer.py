@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.models.llada import LLaDAModel
 from unmask.tasks import TASKS
-from unmask.train.data import BOS, EOS, MASK, PAD, Batch, save_tokenizer_files
+from unmask.train.data import BOS, EOS, MASK, PAD, SPECIALS, Batch, save_tokenizer_files
 
 DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
@@ -54,6 +54,12 @@ class TrainConfig:
     # block only: attention block of B positions (config.json bd_size); block models keep the AR
     # alignment (token shift, logit_shift 1)
     block_length: int = 8
+    # block only: the token-to-token editing objective (LLaDA2.1's T2T): in each (row, block) a
+    # share u ~ U(0, edit_noise) of the answer positions left visible in the noisy copy is replaced
+    # by uniformly random non-special tokens, and every visible answer position is scored (predict
+    # the clean token: keep a right one, repair a wrong one), weight `edit_weight`. 0 = off.
+    edit_noise: float = 0.0
+    edit_weight: float = 1.0
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
@@ -82,12 +88,14 @@ class TrainConfig:
             raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
         if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind == "ar"):
             raise UnmaskError(f"logit_shift {self.logit_shift!r} must be 0 or 1, and 1 only for a diffusion model")
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps"):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps", "edit_noise", "edit_weight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise UnmaskError(f"{name} {v!r} must be a finite number >= 0")
         if not self.lr > 0 or not 0 < self.eps < 1:
             raise UnmaskError(f"lr {self.lr} must be > 0 and eps {self.eps} in (0, 1)")
+        if self.edit_noise > 1 or (self.edit_noise and self.kind != "block"):
+            raise UnmaskError(f"edit_noise {self.edit_noise!r} must be in [0, 1], and above 0 only for kind block")
         return self
 
 
@@ -184,12 +192,17 @@ def block_attention(positions: torch.Tensor, real: torch.Tensor | None, size: in
     return allowed[:, None]
 
 
-def block_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) -> torch.Tensor:
+def block_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator, edit_noise: float = 0.0,
+               edit_weight: float = 1.0, first_word: int = len(SPECIALS)) -> torch.Tensor:
     """Sum over rows of the block-diffusion loss with token shift (divide by rows x canvas length).
 
     Blocks are `bd_size` positions counted from position 0 (the prompt's first token), as at
     inference. Each (row, block) draws its own noise level t ~ U(eps, 1); answer positions
-    (end-of-text padding included) are masked with probability t in the noisy copy. A position
+    (end-of-text padding included) are masked with probability t in the noisy copy. With
+    `edit_noise` (the editing objective), each (row, block) also draws u ~ U(0, edit_noise) and
+    replaces that share of its visible answer positions by random words, ids >= `first_word`
+    (never the clean token; an end-of-text position becomes a word); every visible answer position is then scored too, weight
+    `edit_weight`, so the model learns to keep a right token and to repair a wrong one. A position
     is scored by the hidden state before it (token shift): inside a block, by the noisy copy's
     previous position, weighted 1/t where masked; the first position of a block, by the clean
     copy's last position of the previous block, always (the AR step that proposes the first token
@@ -204,6 +217,14 @@ def block_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) 
     answer = torch.arange(n)[None, :] >= P
     masked = (torch.rand(R, n, generator=gen) < t_pos) & answer
     noisy = torch.where(masked, mask_id, b.ids)
+    visible = answer & ~masked
+    if edit_noise:
+        vocab = model.config.vocab_size
+        u = edit_noise * torch.rand(R, t.shape[1], generator=gen)
+        corrupt = (torch.rand(R, n, generator=gen) < u.gather(1, blk)) & visible
+        shift = torch.randint(1, vocab - first_word, (R, n), generator=gen)  # never the clean token
+        wrong = first_word + (b.ids - first_word + shift).remainder(vocab - first_word)
+        noisy = torch.where(corrupt, wrong, noisy)
     first = (b.positions % size == 0)[:, P:]  # (R, G) answer positions that open a block
     cols = torch.arange(P, n)[None, :] - 1
     source = torch.where(first, cols + n, cols)  # hidden column that scores each answer position
@@ -212,6 +233,8 @@ def block_loss(model, b: Batch, mask_id: int, eps: float, gen: torch.Generator) 
     target = b.ids[:, P:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(R, -1)
     weight = torch.where(first, 1.0, masked[:, P:] / t_pos[:, P:])
+    if edit_noise:
+        weight = weight + torch.where(first, 0.0, edit_weight * visible[:, P:].float())
     return (ce * weight).sum()
 
 
@@ -252,7 +275,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         if cfg.kind == "diffusion":
             loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen) / denom
         elif cfg.kind == "block":
-            loss = block_loss(model, b, mask_id, cfg.eps, gen) / denom
+            loss = block_loss(model, b, mask_id, cfg.eps, gen, cfg.edit_noise, cfg.edit_weight) / denom
         else:
             loss = ar_loss(model, b) / denom
         loss.backward()
