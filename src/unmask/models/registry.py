@@ -38,6 +38,8 @@ FAMILIES = (
 def resolve_family(cfg: dict) -> Family:
     model_type = str(cfg.get("model_type", "")).lower()
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"config.json: architectures {archs!r} must be a list of class names")
     for fam in FAMILIES:
         if model_type in fam.model_types or any(a in fam.architectures for a in archs):
             return fam
