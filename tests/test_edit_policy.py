@@ -41,9 +41,9 @@ def _spy(monkeypatch):
     calls = []
     revise = EditPolicy.revise
 
-    def spy(self, prob, tokens, current, editable, committed, step, generator):
-        edit, remask = revise(self, prob, tokens, current, editable, committed, step, generator)
-        calls.append((prob, tokens, current, editable, edit, self.edit_threshold))
+    def spy(self, r):
+        edit, remask = revise(self, r)
+        calls.append((r.prob, r.tokens, r.current, r.editable, edit, self.edit_threshold))
         return edit, remask
 
     monkeypatch.setattr(EditPolicy, "revise", spy)
@@ -112,3 +112,55 @@ def test_edit_knobs(llada):
             resolve_params(bad)
     out = llada.generate(PROMPTS[:2], {"edit_threshold": 0.05, "gen_length": 16, "block_length": 8})
     assert sum(r.edits for r in out.results) == sum(s.edits for s in out.steps) > 0  # counted in results and trace
+
+
+# ---------------------------------------------------------------- ReMDM remasking
+
+def test_remdm_sigma_follows_its_strategies():
+    from unmask.sampler.policy import ReMDMPolicy, Revision
+
+    B, W = 3, 5
+    editable = torch.tensor([[True, True, False, True, True]] * B)
+    step, steps = torch.tensor([1, 2, 3]), torch.tensor([4, 4, 4])
+    conf = torch.tensor([[0.9, 0.2, 0.0, 0.5, 0.99]] * B)
+    u = torch.full((B, W), 0.5)
+    base = dict(prob=torch.rand(B, W), tokens=torch.zeros(B, W, dtype=torch.long), current=torch.zeros(B, W, dtype=torch.long),
+                editable=editable, committed=torch.zeros(B, W, dtype=torch.bool), step=step, steps=steps,
+                commit_conf=conf)
+    sigma_max = torch.tensor([min(1.0, (1 - 2 / 4) / (1 / 4)), min(1.0, (1 - 3 / 4) / (2 / 4)), 0.0])  # 1, 0.5, 0
+    for strategy, eta, want in (("cap", 0.6, sigma_max.clamp(max=0.6)), ("rescale", 0.6, 0.6 * sigma_max)):
+        for lo in (0.0, 0.999):  # a draw below sigma remasks, one above does not
+            rev = Revision(**base, uniform=(want[:, None] - 1e-4 if lo == 0.0 else want[:, None] + 1e-4).expand(B, W).clamp(0, 1))
+            _, rm = ReMDMPolicy(eta, strategy).revise(rev)
+            expect = editable & (want[:, None] > 0) if lo == 0.0 else torch.zeros_like(editable)
+            assert torch.equal(rm, expect), (strategy, lo)
+    _, rm = ReMDMPolicy(0.5, "conf").revise(Revision(**base, uniform=torch.full((B, W), 0.2)))
+    w = torch.softmax(torch.tensor([-0.9, -0.2, -0.5, -0.99]), 0)  # the least confident token is likeliest
+    assert rm[0].tolist() == [bool(x) for x in [w[0] > 0.2, w[1] > 0.2, False, w[2] > 0.2, w[3] > 0.2]]
+    assert not rm[2].any()  # the block's last step remasks nothing
+
+
+@pytest.mark.parametrize("fixture,kw", [
+    ("llada", dict(gen_length=16, block_length=8, steps=8, cache="dual")),
+    ("embedded_block", dict(gen_length=24, block_length=8, steps=12, cache="exact")),
+])
+def test_remdm_remasks_inside_the_open_block_and_finishes(request, fixture, kw):
+    llm = request.getfixturevalue(fixture)
+    params = GenerationParams(policy="remdm", remask_eta=0.5, seed=3, **kw).check(llm.arch.block_size)
+    prompts = PROMPTS[:4] if fixture == "llada" else [llm.encode(t)[0] for t in ("copy : red 4 owl", "sort : 7 4 0")]
+    engine = llm.engine()
+    reqs = [engine.add_request(p, params) for p in prompts]
+    streamed = {q.id: [] for q in reqs}
+    while engine.has_unfinished():
+        for out in engine.step():
+            streamed[out.request.id] += out.new_ids
+        for i, req in enumerate(engine.rows.reqs):
+            assert engine.rows.x[i, : len(req.prompt)].tolist() == req.prompt
+    assert sum(q.remasked for q in reqs) > 0
+    blocks = -(-params.gen_length // params.block_length) + 1
+    for q, p in zip(reqs, prompts):
+        assert q.finish_reason in ("stop", "length") and q.nfe <= blocks * (params.steps_per_block + 1)
+        assert llm.token_ids.mask not in q.canvas[: len(streamed[q.id])]
+        assert q.canvas[: len(streamed[q.id])] == streamed[q.id]
+        again = llm.generate([p], params).results[0]  # a seeded row draws alone: the batch does not matter
+        assert again.raw_ids == q.canvas and again.remasked == q.remasked

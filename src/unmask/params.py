@@ -88,6 +88,10 @@ class GenerationParams:
                                           "above this (token-to-token editing)", _interval(0, 1))
     max_post_steps: int = _param(16, "edit policy: editing steps a block may take after its last mask is committed",
                                  _non_negative_int)
+    remask_eta: float | None = _param(None, "remdm policy: ReMDM's eta, the remasking probability bound (default 0.05)",
+                                      _interval(0, 1))
+    remask_strategy: str | None = _param(None, "remdm policy: how sigma is set: cap (default), rescale or conf",
+                                         _choices(("cap", "rescale", "conf")))
     compat: str | None = _param(None, "reproduce a reference sampler token for token", _choices(COMPAT_MODES))
     alg: str | None = _param(None, "Dream algorithm, with compat dream", _choices(DREAM_ALGS))
     eps: float = _param(1e-3, "Dream's timestep floor, with compat dream", _interval(0, 1, hi_open=True))

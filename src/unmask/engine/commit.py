@@ -7,6 +7,7 @@ import torch
 
 from unmask.engine.parts import DecodeParts
 from unmask.engine.rows import RowState
+from unmask.sampler.policy import Revision
 from unmask.sampler.proposal import propose
 
 
@@ -69,12 +70,17 @@ class Committer:
             tokens[sel], commit[sel] = tok, c
             if getattr(parts.policy, "revises", False):  # the policy may also revise the block's committed tokens
                 if edit is None:
-                    edit, remask = torch.zeros_like(cand), torch.zeros_like(cand)
+                    edit, remask, prob_all = (torch.zeros_like(cand), torch.zeros_like(cand),
+                                              torch.zeros(cand.shape, device=cand.device))
                 lg = logits[sel].float()
                 prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
+                prob_all[sel] = prob
                 editable = valid[sel] & ~cand[sel]
-                ed, rm = parts.policy.revise(prob, tok, x[sel].gather(1, cols[sel]), editable, c,
-                                             r.step[idx[sel]], None)
+                rows = idx[sel]
+                rev = Revision(prob, tok, x[sel].gather(1, cols[sel]), editable, c, r.step[rows], r.spb[rows],
+                               r.conf[rows].gather(1, cols[sel]),
+                               self._uniform(rows, editable.shape) if parts.policy.needs_uniform else None)
+                ed, rm = parts.policy.revise(rev)
                 if ed is not None:
                     edit[sel] = ed & editable
                 if rm is not None:
@@ -94,8 +100,24 @@ class Committer:
         x.scatter_(1, cols, new)
         x[:, r.cap] = r.pad_id
         r.x[idx] = x
+        if edit is not None:  # what each written token's probability was (ReMDM's conf strategy reads it)
+            conf = r.conf[idx]
+            conf.scatter_(1, cols, torch.where(write, prob_all, conf.gather(1, cols)))
+            r.conf[idx] = conf
         return Committed(idx, commit.sum(-1), doubt if verify else None, commit, tokens, cand,
                          None if edit is None else edit.sum(-1), None if edit is None else remask.sum(-1))
+
+    def _uniform(self, rows: torch.Tensor, shape) -> torch.Tensor:
+        """U(0, 1) draws for a revising policy: a row with its own generator (a seed) draws from
+        it, alone; the others draw together from the global generator."""
+        u = torch.rand(shape, device=self.rows.device)
+        if not self.generators:
+            return u
+        for i, row in enumerate(rows.tolist()):
+            g = self.generators.get(self.rows.reqs[row].id)
+            if g is not None:
+                u[i] = torch.rand(shape[1], generator=g, device=g.device).to(u.device)
+        return u
 
     def _show(self, idx, s, cols, still_open, tokens) -> None:
         """The playground's view of watched rows: what each open position would become this step."""

@@ -41,6 +41,7 @@ class RowState:
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
     max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
     post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
+    conf: torch.Tensor = per_row(torch.float32, width=True)  # (n, cap + 1) each token's probability when committed
     quota: torch.Tensor = per_row(width=True)  # (n, steps) tokens to commit at each step of the block
     # host-side
     reqs: list = field(default_factory=list)
@@ -66,7 +67,7 @@ class RowState:
         extra = cap - self.cap
         pad_cols = lambda t, value: torch.cat(  # noqa: E731
             [t[:, : self.cap], torch.full((t.shape[0], extra + 1), value, dtype=t.dtype, device=t.device)], 1)
-        self.x, self.pos = pad_cols(self.x, self.pad_id), pad_cols(self.pos, 0)
+        self.x, self.pos, self.conf = pad_cols(self.x, self.pad_id), pad_cols(self.pos, 0), pad_cols(self.conf, 0.0)
         if self.k is not None:
             grow = lambda t: torch.cat([t[:, :, : self.cap], t.new_zeros(*t.shape[:2], extra + 1, t.shape[3])], 2)  # noqa: E731
             self.k, self.v = [grow(t) for t in self.k], [grow(t) for t in self.v]
@@ -93,7 +94,8 @@ class RowState:
                    tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
                    cfg=cfg_id, since=0, kv_done=P // align * align if align else 0, early=req.parts.early_stop,
                    max_post=req.parts.policy.post_steps if getattr(req.parts.policy, "revises", False) else -1, post=0,
-                   quota=torch.zeros(1, self.quota.shape[1], dtype=torch.long))
+                   quota=torch.zeros(1, self.quota.shape[1], dtype=torch.long),
+                   conf=torch.zeros(1, self.cap + 1))
         for f in self._fields():
             value = row[f.name]
             if not isinstance(value, torch.Tensor):

@@ -57,14 +57,12 @@ class _Registered:
     post_steps: ClassVar[int] = 0
     reads: ClassVar[tuple[str, ...]] = ()  # other policies' knobs it also reads (they do not imply it)
 
-    def revise(self, prob: torch.Tensor, tokens: torch.Tensor, current: torch.Tensor, editable: torch.Tensor,
-               committed: torch.Tensor, step: torch.Tensor, generator: torch.Generator | None
-               ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """For a revising policy: (edit, remask), each (B, W) bool or None. `prob`: the probability
-        of each proposal `tokens`; `current`: the canvas before this step; `editable`: committed,
-        non-prompt columns of the open block before this step; `committed`: this step's commits;
-        `step`: (B,) the step inside the block. An edit writes the proposal over a committed token;
-        a remask puts MASK back."""
+    needs_uniform: ClassVar[bool] = False  # does `revise` draw (Revision.uniform)?
+
+    def revise(self, r: "Revision") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """For a revising policy: (edit, remask), each (B, W) bool or None. An edit writes the
+        proposal over a committed token; a remask puts MASK back (the position is a candidate
+        again). The engine applies both only to `r.editable` columns."""
         return None, None
 
     @classmethod
@@ -81,6 +79,21 @@ class _Registered:
     def bench_params(cls, value: float, gen_length: int) -> dict:
         """The generation parameters that a bench grid entry `name:value` stands for."""
         return {"policy": cls.name, cls.knob: value}
+
+
+@dataclass
+class Revision:
+    """What a revising policy sees of one step, (B, W) over the open block's window unless noted."""
+
+    prob: torch.Tensor  # the probability of each proposal
+    tokens: torch.Tensor  # the proposals
+    current: torch.Tensor  # the canvas before this step
+    editable: torch.Tensor  # committed (not masked), non-prompt columns before this step
+    committed: torch.Tensor  # this step's commits
+    step: torch.Tensor  # (B,) the step inside the block (0 = its first)
+    steps: torch.Tensor  # (B,) the block's scheduled steps
+    commit_conf: torch.Tensor  # the probability each committed token had when it was committed
+    uniform: torch.Tensor | None = None  # U(0, 1) draws, one per column (policies with needs_uniform)
 
 
 def take_top(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -182,11 +195,64 @@ class EditPolicy(_Registered):
     def select(self, score, entropy, candidates, quota, step, generator):
         return ThresholdPolicy(self.threshold).select(score, entropy, candidates, quota, step, generator)
 
-    def revise(self, prob, tokens, current, editable, committed, step, generator):
-        return editable & (prob > self.edit_threshold) & (tokens != current), None
+    def revise(self, r: Revision):
+        return r.editable & (r.prob > self.edit_threshold) & (r.tokens != r.current), None
 
 
 DEFAULT_EDIT_THRESHOLD = 0.9  # LLaDA2.1's generate default (its "quality mode" recommends 0.5 with threshold 0.7)
+
+
+REMDM_STRATEGIES = ("cap", "rescale", "conf")
+
+
+@register
+@dataclass
+class ReMDMPolicy(_Registered):
+    """ReMDM remasking (Wang et al. 2025, kuleshov-group/remdm `_ddpm_caching_update`), on the
+    engine's blocks: tokens are committed as the fixed schedule commits them (its quota, most
+    confident first), and before that a committed token of the open block goes back to MASK with
+    probability sigma. Inside a block of N steps the schedule is the linear one, alpha = i / N before
+    step i and (i + 1) / N after, and sigma_max = min(1, (1 - alpha_s) / alpha_t):
+    cap sigma = min(eta, sigma_max); rescale sigma = eta * sigma_max; conf sigma_i = sigma_max *
+    softmax over the block's committed tokens of (-p_i), p_i the probability the token had when it
+    was committed (lower confidence, likelier remasked). sigma_max is 0 at the block's last step, so
+    nothing is remasked there; if remasked positions outnumber the last step's quota, the block
+    takes one more step that commits the rest (the schedule's overflow rule). Remasked positions
+    rejoin the candidates; the prompt and earlier blocks are never touched. ReMDM's `loop`
+    strategy (a fixed-alpha phase between t_on and t_off) is not implemented."""
+
+    name: ClassVar[str] = "remdm"
+    knob: ClassVar[str] = "remask_eta"
+    bench_knob: ClassVar[str] = "eta"
+    uses_schedule: ClassVar[bool] = True
+    revises: ClassVar[bool] = True
+    needs_uniform: ClassVar[bool] = True
+    eta: float
+    strategy: str = "cap"
+
+    @classmethod
+    def implied_by(cls) -> tuple[str, ...]:
+        return ("remask_eta", "remask_strategy")
+
+    @classmethod
+    def from_params(cls, p: Any) -> "ReMDMPolicy":
+        return cls(0.05 if p.remask_eta is None else p.remask_eta, p.remask_strategy or "cap")
+
+    def select(self, score, entropy, candidates, quota, step, generator):
+        return take_top(score, candidates, quota)
+
+    def revise(self, r: Revision):
+        n = r.steps.clamp(min=1).to(r.prob.dtype)
+        alpha_t, alpha_s = r.step / n, ((r.step + 1) / n).clamp(max=1.0)
+        sigma_max = torch.where(alpha_t > 0, ((1 - alpha_s) / alpha_t.clamp(min=1e-12)).clamp(max=1.0), 0.0)[:, None]
+        if self.strategy == "cap":
+            sigma = sigma_max.clamp(max=self.eta).expand_as(r.prob)
+        elif self.strategy == "rescale":
+            sigma = (self.eta * sigma_max).expand_as(r.prob)
+        else:  # conf: softmax of -p over the committed tokens of the block
+            w = torch.softmax((-r.commit_conf).masked_fill(~r.editable, -torch.inf), dim=-1).nan_to_num(0.0)
+            sigma = w * sigma_max
+        return None, r.editable & (r.uniform < sigma)
 
 
 @register
