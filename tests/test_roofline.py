@@ -1,5 +1,7 @@
 """The roofline cost model reproduces seed 000's worked numbers."""
 
+import json
+
 import pytest
 
 from unmask.bench.roofline import PRESETS, ModelCost, Roofline
@@ -56,3 +58,24 @@ def test_cli_prints_seed_example_and_writes_plot(capsys, tmp_path, llada_dir):
     assert png.stat().st_size > 1000 and pred["latency_ms"]["ar"] > 0
     assert main(["roofline", "--hardware", "tpu"]) == 2
     assert "unknown hardware 'tpu'" in capsys.readouterr().err
+
+
+def test_moe_roofline_reads_the_experts_its_positions_choose(capsys):
+    from unmask.bench import roofline as rl
+    from unmask.cli import main
+
+    mini, flash = rl.moe_shape("llada2-mini"), rl.moe_shape("llada2-flash")
+    assert 15.5e9 < mini.num_parameters() < 17e9 and 1.2e9 < mini.num_parameters(active=True) < 1.6e9  # 16B-A1.4B
+    assert 95e9 < flash.num_parameters() < 110e9 and 5e9 < flash.num_parameters(active=True) < 7.5e9  # 100B-A6.1B
+    r = rl.build("h200", mini)
+    m = r.model
+    assert m.distinct_experts(1) == pytest.approx(8) and m.distinct_experts(10_000) == pytest.approx(256)
+    reads = [m.read_bytes(n) for n in (1, 8, 32, 256, 4096)]
+    assert reads == sorted(reads) and reads[-1] == pytest.approx(m.weight_bytes)
+    assert m.flops_per_position < 0.2 * 2 * mini.num_parameters()  # compute follows the active parameters
+    # one block-diffusion step over 32 positions reads far more experts than one AR token
+    assert r.step(32) > 5 * r.step(1)
+    assert main(["roofline", "--model", "llada2-flash", "--hardware", "h100-sxm", "--json"]) == 0
+    pred = json.loads(capsys.readouterr().out)
+    steps = {(s["batch"], s["positions_per_request"]): s for s in pred["moe"]["steps"]}
+    assert steps[(1, 32)]["experts_read_per_layer"] > 20 * steps[(1, 1)]["experts_read_per_layer"] / 2

@@ -41,12 +41,34 @@ PRESETS = {
 @dataclass(frozen=True)
 class ModelCost:
     weight_bytes: float
-    flops_per_position: float  # about 2N
+    flops_per_position: float  # about 2N (2 x the active parameters of a mixture of experts)
     # optional attention terms (per layer and position of context)
     num_layers: int = 0
     kv_dim: int = 0  # n_kv_heads * head_dim
     q_dim: int = 0  # n_heads * head_dim
     kv_bytes_per_element: float = 2.0
+    # mixture of experts: a forward reads the shared weights and, in each MoE layer, only the
+    # routed experts its positions chose (`distinct_experts`)
+    moe_layers: int = 0
+    num_experts: int = 0
+    top_k: int = 0
+    expert_bytes: float = 0.0  # one routed expert of one layer
+
+    def distinct_experts(self, positions: float) -> float:
+        """Expected routed experts one MoE layer reads for `positions` tokens, each choosing top_k
+        of num_experts uniformly: E (1 - (1 - k/E)^n). Real routers are skewed and the positions of
+        one block correlated, so fewer are read: this is the cost's upper side."""
+        if not self.moe_layers:
+            return 0.0
+        E, k = self.num_experts, self.top_k
+        return E * (1 - (1 - k / E) ** positions)
+
+    def read_bytes(self, positions: float) -> float:
+        """Weight bytes a forward over `positions` positions (all rows) reads."""
+        if not self.moe_layers:
+            return self.weight_bytes
+        routed = self.moe_layers * self.num_experts * self.expert_bytes
+        return self.weight_bytes - routed + self.moe_layers * self.distinct_experts(positions) * self.expert_bytes
 
     @classmethod
     def seed_7b(cls) -> "ModelCost":
@@ -57,11 +79,15 @@ class ModelCost:
     def from_arch(cls, arch, bytes_per_param: float = 2.0, attention: bool = False) -> "ModelCost":
         n = arch.num_parameters(embeddings=True)
         # the input embedding is a lookup: it is read but costs no FLOPs
-        flops = 2 * (n - arch.vocab_size * arch.hidden_size)
+        flops = 2 * (arch.num_parameters(embeddings=True, active=True) - arch.vocab_size * arch.hidden_size)
         kw = {}
         if attention:
             kw = dict(num_layers=arch.num_layers, kv_dim=arch.num_kv_heads * arch.head_dim,
                       q_dim=arch.num_heads * arch.head_dim, kv_bytes_per_element=bytes_per_param)
+        m = arch.moe
+        if m is not None:
+            kw.update(moe_layers=m.layers_moe(arch.num_layers), num_experts=m.num_experts, top_k=m.top_k,
+                      expert_bytes=3 * arch.hidden_size * m.expert_size * bytes_per_param)
         return cls(n * bytes_per_param, flops, **kw)
 
 
@@ -74,7 +100,7 @@ class Roofline:
         """Seconds for one forward over `positions` query positions in total (all rows), each
         attending to `context` keys, with `batch` rows sharing the weight read."""
         m = self.model
-        memory = m.weight_bytes
+        memory = m.read_bytes(positions)
         compute = positions * m.flops_per_position
         if m.num_layers and context:
             memory += batch * context * m.num_layers * 2 * m.kv_dim * m.kv_bytes_per_element
@@ -206,6 +232,35 @@ def build(hardware: str | None = None, arch=None, params: float | None = None,
     return Roofline(hw, ModelCost(n * bytes_per_param, 2 * n))
 
 
+def moe_shape(name: str):
+    """The published LLaDA2.0 shapes (inclusionAI config.json): mini 16B (1.4B active), flash 100B."""
+    from unmask.layers.moe import MoEConfig
+    from unmask.models.base import ArchConfig
+
+    d, layers, heads, dense, expert = {"llada2-mini": (2048, 20, 16, 5120, 512),
+                                       "llada2-flash": (4096, 32, 32, 9216, 1024)}[name]
+    moe = MoEConfig(num_experts=256, top_k=8, expert_size=expert, shared_size=expert, first_dense=1, n_group=8,
+                    topk_group=4, routed_scale=2.5, expert_bias=True)
+    return ArchConfig("llada2", 157184, d, layers, heads, 4, dense, 600000.0, 1e-6, 32768, qk_norm=True,
+                      rotary_dim=64, block_size=32, moe=moe)
+
+
+MOE_SHAPES = ("llada2-mini", "llada2-flash")
+
+
+def moe_table(r: Roofline, context: int, blocks=(1, 4, 8, 16, 32, 64), batches=(1, 8, 64)) -> list[dict]:
+    """Step time of one forward over G positions per request at each batch, with the routed experts
+    it reads per MoE layer: G = 1 is an AR step, G = 32 a block-diffusion step."""
+    rows = []
+    for b in batches:
+        for g in blocks:
+            n = g * b
+            rows.append({"batch": b, "positions_per_request": g, "step_ms": 1e3 * r.step(n, context, b),
+                         "experts_read_per_layer": r.model.distinct_experts(n),
+                         "weight_gb_read": r.model.read_bytes(n) / 1e9})
+    return rows
+
+
 def check_setup(prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> None:
     from unmask.errors import UnmaskError
 
@@ -237,6 +292,9 @@ def predict(r: Roofline, prompt: int, gen: int, tau: float, block: int, batches:
             for b in batches
         ],
         "crossover_batch": r.crossover(tau, block, ctx),
+        **({"moe": {"active_parameters_flops_per_position": r.model.flops_per_position,
+                    "experts": r.model.num_experts, "top_k": r.model.top_k, "moe_layers": r.model.moe_layers,
+                    "steps": moe_table(r, ctx)}} if r.model.moe_layers else {}),
     }
 
 
@@ -253,6 +311,14 @@ def format_prediction(p: dict) -> str:
     for row in p["throughput_tok_s"]:
         lines.append(f"  {row['batch']:6d} {row['ar']:12.0f} {row['diffusion']:16.0f}")
     lines.append(f"  AR catches up at batch {p['crossover_batch']}")
+    if "moe" in p:
+        m = p["moe"]
+        lines += [f"mixture of experts: {m['moe_layers']} MoE layers, top {m['top_k']} of {m['experts']} experts "
+                  "(uniform routing assumed: the experts-read column is an upper side)",
+                  f"  {'batch':>6} {'G':>4} {'step ms':>9} {'experts read/layer':>19} {'weights read GB':>16}"]
+        for row in m["steps"]:
+            lines.append(f"  {row['batch']:6d} {row['positions_per_request']:4d} {row['step_ms']:9.2f} "
+                         f"{row['experts_read_per_layer']:19.1f} {row['weight_gb_read']:16.2f}")
     return "\n".join(lines)
 
 
