@@ -192,3 +192,32 @@ def test_llada2_and_llada_moe_decode_natively(llada2_dir, moe_dir):
         assert all(r.nfe > 0 and len(r.raw_ids) == 16 for r in out.results)
         alone = llm.generate(["4 5"], {"gen_length": 16})
         assert alone.results[0].raw_ids == out.results[1].raw_ids  # batch-invariant
+
+
+def test_llada2_folders_serve_and_run_from_the_cli(llada2_dir, moe_dir, capsys):
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from test_server import Server
+    from unmask.cli import main
+
+    assert main(["generate", "--model", str(llada2_dir), "w1 w2 w3", "--gen-length", "16", "--edit-threshold", "0.3",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policy"] == "edit" and len(out["edits"]) == 1
+    # LLaDA-MoE's release decodes with LLaDA's own generate: compat llada runs it
+    assert main(["generate", "--model", str(moe_dir), "w1 w2 w3", "--gen-length", "16", "--block-length", "16",
+                 "--compat", "llada", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nfe"] == 16
+    for folder in (llada2_dir, moe_dir):
+        llm = LLM(folder)
+        s = Server(llm, served_model_name="m")
+        try:
+            body = {"model": "m", "prompt": "w1 w2 w3", "max_tokens": 16, "edit_threshold": 0.3}
+            r = httpx.post(s.url + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["choices"][0]["text"] == llm.generate(["w1 w2 w3"], {"gen_length": 16, "edit_threshold": 0.3},
+                                                             chat=False).results[0].text
+            assert got["usage"]["nfe"] > 0 and "edits" in got["usage"]
+        finally:
+            s.stop()

@@ -42,6 +42,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
             "nfe": out.nfe,
             "row_nfe": [r.nfe for r in out.results],
             "commits": [r.commits for r in out.results],
+            "edits": [r.edits for r in out.results],
+            "remasked": [r.remasked for r in out.results],
             "tokens_per_forward": out.tokens_per_forward,
             "seconds": out.seconds,
             "cache": out.cache,

@@ -52,6 +52,7 @@ class CompatMode:
     name: ClassVar[str]
     reference: ClassVar[str]  # what it reproduces
     family: ClassVar[str]  # model family the reference sampler runs
+    also: ClassVar[tuple[str, ...]] = ()  # other families whose release runs the same sampler
     policies: ClassVar[tuple[str, ...]]  # commit policies it reproduces
     caches: ClassVar[tuple[str, ...]]
     top_k_top_p: ClassVar[bool] = False
@@ -78,7 +79,7 @@ class CompatMode:
             raise UnmaskError(f"compat {p.compat!r} does not support {what}")
 
     def check_prompts(self, prompts: list[list[int]], family: str) -> None:
-        if family != self.family:
+        if family not in (self.family, *self.also):
             raise UnmaskError(f"compat {self.name!r} reproduces {self.reference}; this is a {family} model")
         if self.equal_length_prompts and len({len(p) for p in prompts}) > 1:
             raise UnmaskError(f"compat {self.name!r} needs equal-length prompts (the reference does not mask padding)")
@@ -176,6 +177,7 @@ class FastDLLM(CompatMode):
     name = "fast-dllm"
     reference = "the LLaDA sampler of Fast-dLLM v1"
     family = "llada"
+    also = ("llada_moe",)
     policies = ("fixed", "threshold", "factor")
     caches = ("none", "prefix", "dual")
 
@@ -196,6 +198,7 @@ class LLaDA(CompatMode):
     name = "llada"
     reference = "the LLaDA sampler"
     family = "llada"
+    also = ("llada_moe",)  # LLaDA-MoE's release decodes with LLaDA's generate
     policies = ("fixed",)
     caches = ("none",)
     rules = replace(CompatMode.rules, run_all_steps=True)

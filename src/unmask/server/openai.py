@@ -23,12 +23,15 @@ def sse(obj: dict) -> str:
 
 def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     """OpenAI's usage (the prompt counted once, completions summed over choices) plus the
-    requests' forwards (NFE) and tokens per forward, end of text included."""
+    requests' forwards (NFE), tokens per forward (end of text included), and the committed tokens
+    their policies edited or masked again."""
     n = sum(len(st.ids) for st in streams)
     nfe = sum(r.nfe for r in reqs if r is not None)
     ends = sum(st.finish_reason == "stop" for st in streams)
+    done = [r for r in reqs if r is not None]
     return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
-            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0}
+            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
+            "edits": sum(r.edits for r in done), "remasked": sum(r.remasked for r in done)}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, i: int, delta: str | None, finish: str | None,
