@@ -2,6 +2,7 @@
 
     python scripts/ship_default.py [--n 200]          # default and default-ar
     python scripts/ship_default.py --block [--n 200]  # default-block, from runs/block
+    python scripts/ship_default.py --edit [--n 200]   # default-edit, from runs/edit
 
 Writes src/unmask/assets/{default,default-ar,default-block}/ (config, weights, tokenizer,
 generation defaults, training.json) and eval.json beside each: exact match and token accuracy per
@@ -36,7 +37,7 @@ def lineage(run: Path) -> list[dict]:
                        "elapsed_seconds": round(meta["elapsed_seconds"], 1),
                        "last_check": evals[-1] if evals else None})
         parent = meta["config"].get("init_from")
-        if parent in ("default", "default-ar"):  # an embedded model: its own recorded lineage
+        if parent in ("default", "default-ar", "default-block"):  # an embedded model: its own recorded lineage
             phases += json.loads((ASSETS / parent / "training.json").read_text()).get("lineage", [])[::-1]
             break
         run = (ROOT / parent) if parent else None
@@ -72,7 +73,11 @@ def main() -> None:
     ap.add_argument("--runs", default=str(ROOT / "runs"))
     ap.add_argument("--diffusion", default="reverse", help="the run of the last diffusion phase")
     ap.add_argument("--block", action="store_true", help="ship the block-diffusion model (runs/block) only")
+    ap.add_argument("--edit", action="store_true", help="ship the editing block-diffusion model (runs/edit) only")
     a = ap.parse_args()
+    if a.edit:
+        ship(Path(a.runs) / "edit", "default-edit", a.n)
+        return
     if a.block:
         ship(Path(a.runs) / "block2", "default-block", a.n)
         return

@@ -9,6 +9,7 @@ from unmask import LLM, GenerationParams
 from unmask.cli import main
 from unmask.evaluate import evaluate
 from unmask.llm import EMBEDDED
+from unmask.tasks import held_out
 
 SAMPLE = 100
 # issue 3's quality bar (exact match; validity for pairs), held out, one token per step
@@ -120,3 +121,24 @@ def test_embedded_block_model_reproduces_its_recorded_accuracy_with_its_exact_ca
                     batch_size=32, keep_samples=32)
     exact = evaluate(llm, ("copy", "sort"), n=32, params=params, batch_size=32, keep_samples=32)
     assert [s["output"] for r in exact for s in r.samples] == [s["output"] for r in none for s in r.samples]
+
+
+@pytest.mark.slow
+def test_embedded_editing_model_reproduces_its_recorded_accuracy_and_edits():
+    """default-edit: default-block trained further with the token-to-token editing objective;
+    one token per step reproduces its recorded accuracy, and with the edit policy it revises
+    committed tokens (it was trained to predict at visible positions)."""
+    llm = LLM("default-edit")
+    assert llm.arch.block_size == 8 and llm.arch.logit_shift == 1
+    meta = json.loads((llm.path / "training.json").read_text())
+    assert meta["config"]["edit_noise"] > 0 and meta["final"]
+    recorded = json.loads((llm.path / "eval.json").read_text())
+    g = llm.generation_defaults["gen_length"]
+    results = evaluate(llm, n=SAMPLE, params=GenerationParams(gen_length=g, block_length=8, steps=g, cache="exact"),
+                       batch_size=SAMPLE)
+    for r, rec in zip(results, recorded["results"]):
+        assert abs(r.exact - rec["exact_first_100"]) <= 0.02, (r.task, r.exact, rec["exact_first_100"])
+    out = llm.generate([ex.prompt for ex in held_out("sort", 32)],
+                       GenerationParams(gen_length=g, block_length=8, policy="edit", threshold=0.3, edit_threshold=0.5,
+                                        max_post_steps=2, cache="exact"), chat=False)
+    assert sum(r.edits for r in out.results) > 0

@@ -141,3 +141,36 @@ def test_length_groups_give_the_whole_batch_gradient(kind, shift):
     assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-5)
     for a, b in zip(grads[0][1], grads[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_edit_noise_corrupts_only_visible_answer_positions_and_scores_them():
+    """The editing objective: the noisy copy differs from the clean one only at answer positions,
+    each either MASK or a word that is not the clean token; visible answer positions are scored."""
+    from unmask.models.llada import LLaDAModel
+    from unmask.train.data import SPECIALS, TaskSampler, build_tokenizer, make_batch
+    from unmask.train.trainer import arch_for, block_loss
+
+    cfg = TrainConfig(kind="block", eps=0.3, edit_noise=0.9, **{**TINY, "batch": 32, "gen_length": 24}).check()
+    tok = build_tokenizer()
+    model = LLaDAModel(arch_for(cfg, tok.get_vocab_size()))
+    b = make_batch([TaskSampler({"copy": 1.0, "json": 1.0}, seed=1).next() for _ in range(32)], tok, 24)
+    mask = tok.token_to_id("<|mdm_mask|>")
+    seen = {}
+    forward = model.forward
+
+    def spy(ids, *a, **k):
+        seen["noisy"] = ids[:, : b.ids.shape[1]].clone()
+        return forward(ids, *a, **k)
+
+    model.forward = spy
+    loss_edit = block_loss(model, b, mask, cfg.eps, torch.Generator().manual_seed(0), edit_noise=0.9)
+    noisy, clean = seen["noisy"], b.ids
+    changed = noisy != clean
+    answer = torch.arange(clean.shape[1])[None, :] >= b.prompt_len
+    assert not (changed & ~answer).any()  # the prompt is never touched
+    wrong = changed & (noisy != mask)
+    assert wrong.sum() > 20 and (noisy[wrong] >= len(SPECIALS)).all()  # corrupted into words, never the clean token
+    loss_plain = block_loss(model, b, mask, cfg.eps, torch.Generator().manual_seed(0))
+    assert loss_edit > loss_plain  # visible positions add their terms
+    with pytest.raises(UnmaskError, match="edit_noise"):
+        TrainConfig(kind="diffusion", edit_noise=0.2).check()

@@ -9,15 +9,16 @@ from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 
 ASSETS = Path(__file__).parent / "assets"
-EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block"}
+EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block",
+            "default-edit": ASSETS / "default-edit"}
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
     if model is not None and not isinstance(model, (str, Path)):
-        raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar' or 'default-block'")
+        raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar', 'default-block' or 'default-edit'")
     name = "default" if model is None else str(model)
     if isinstance(model, str) and not model.strip():
-        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or 'default', 'default-ar', 'default-block'")
+        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or 'default', 'default-ar', 'default-block', 'default-edit'")
     if name in EMBEDDED:
         path = EMBEDDED[name]
         if not (path / "config.json").exists():
