@@ -221,3 +221,21 @@ def test_llada2_folders_serve_and_run_from_the_cli(llada2_dir, moe_dir, capsys):
             assert got["usage"]["nfe"] > 0 and "edits" in got["usage"]
         finally:
             s.stop()
+
+
+def test_the_per_expert_fallback_equals_the_grouped_multiply(monkeypatch):
+    """Where grouped_mm is unavailable (a device or dtype it lacks), a loop over the non-empty
+    experts gives the same output."""
+    import unmask.layers.moe as moe
+
+    g = torch.Generator().manual_seed(4)
+    ex = Experts(5, 8, 6)
+    with torch.no_grad():
+        ex.w_in.copy_(torch.randn(5, 12, 8, generator=g))
+        ex.w_out.copy_(torch.randn(5, 8, 6, generator=g))
+    x, w = torch.randn(9, 8, generator=g), torch.rand(9, 2, generator=g)
+    idx = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(9)])  # expert 4 stays empty
+    with torch.no_grad():
+        grouped = ex(x, idx, w)
+        monkeypatch.setattr(moe, "_GROUPED", {("cpu", torch.float32): False})
+        torch.testing.assert_close(ex(x, idx, w), grouped)

@@ -97,7 +97,7 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, counts: torch
     if _GROUPED.get((x.device.type, x.dtype), True):
         try:
             return F.grouped_mm(x, w.transpose(1, 2), offs=offs)
-        except RuntimeError:  # a device or dtype grouped_mm does not support: fall back once and remember
+        except (RuntimeError, NotImplementedError, ValueError, TypeError):  # a device or dtype it lacks: fall back, remember
             _GROUPED[(x.device.type, x.dtype)] = False
     outs = [x[a:b] @ w[e].T for e, (a, b) in enumerate(zip((offs - counts).tolist(), offs.tolist())) if b > a]
     return torch.cat(outs) if outs else x.new_zeros(0, w.shape[1])
