@@ -124,6 +124,16 @@ def cfg_float(cfg: dict, key: str, default=_REQUIRED, family: str = "") -> float
     return float(v)
 
 
+def cfg_flag(cfg: dict, key: str, default: bool) -> bool:
+    """A true/false field of config.json (absent or null: `default`), or a CheckpointError."""
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
+    return v
+
+
 def _get(cfg: dict, key: str, default, family: str):
     if key in cfg and cfg[key] is not None:
         return cfg[key]

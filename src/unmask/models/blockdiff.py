@@ -14,7 +14,7 @@ block-causal attention over blocks of `bd_size` positions (ArchConfig.block_size
 """
 
 from unmask.errors import CheckpointError
-from unmask.models.base import ArchConfig, cfg_float, cfg_int
+from unmask.models.base import ArchConfig, cfg_flag, cfg_float, cfg_int
 
 SDAR_BLOCK = 4
 
@@ -29,19 +29,10 @@ RELEASED_DEFAULTS = {
 }
 
 
-def _flag(cfg: dict, key: str, default: bool) -> bool:
-    v = cfg.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
-    return v
-
-
 def _refuse(cfg: dict, family: str) -> None:
     if cfg.get("rope_scaling"):
         raise CheckpointError(f"config.json: unsupported {family} option rope_scaling={cfg['rope_scaling']!r}")
-    if _flag(cfg, "use_sliding_window", False):
+    if cfg_flag(cfg, "use_sliding_window", False):
         raise CheckpointError(f"config.json: unsupported {family} option use_sliding_window=true")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
@@ -62,7 +53,7 @@ def _qwen(cfg: dict, family: str, **extra) -> ArchConfig:
         rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-6),
         max_positions=cfg_int(cfg, "max_position_embeddings", 32768),
-        tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        tie_embeddings=cfg_flag(cfg, "tie_word_embeddings", False),
         **extra,
     )
 
@@ -78,5 +69,5 @@ def sdar_arch(cfg: dict) -> ArchConfig:
     block = cfg_int(cfg, "bd_size", SDAR_BLOCK)
     if block < 1:
         raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
-    return _qwen(cfg, "sdar", qkv_bias=_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
+    return _qwen(cfg, "sdar", qkv_bias=cfg_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)

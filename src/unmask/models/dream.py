@@ -41,61 +41,75 @@ def dream_arch(cfg: dict) -> ArchConfig:
     )
 
 
-class _Attention(nn.Module):
+class QwenAttention(nn.Module):
+    """self_attn.{q,k,v,o}_proj (q/k/v biases per config, an o_proj bias where the family has one),
+    and per-head q_norm / k_norm where the config says so (Qwen3, SDAR, LLaDA-MoE)."""
+
     def __init__(self, c: ArchConfig) -> None:
         super().__init__()
         d, hd = c.hidden_size, c.head_dim
         self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
         self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
         self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
-        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=c.attn_out_bias)
         if c.qk_norm:
             self.q_norm = RMSNorm(hd, c.norm_eps)
             self.k_norm = RMSNorm(hd, c.norm_eps)
 
+    def forward(self, h, heads, rope, kv, layer, kv_start, mask):
+        return self_attention(h, self.q_proj, self.k_proj, self.v_proj, self.o_proj, *heads, rope, kv, layer, kv_start,
+                              mask, getattr(self, "q_norm", None), getattr(self, "k_norm", None))
 
-class _MLP(nn.Module):
-    def __init__(self, c: ArchConfig) -> None:
+
+class GatedMLP(nn.Module):
+    """{gate,up,down}_proj: a SwiGLU feed-forward of intermediate size f (also LLaDA2.x's dense and
+    shared-expert blocks)."""
+
+    def __init__(self, d: int, f: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
+
+    def forward(self, x):
+        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
 
 
 class DreamLayer(nn.Module):
-    def __init__(self, c: ArchConfig) -> None:
+    def __init__(self, c: ArchConfig, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
-        self.self_attn = _Attention(c)
+        self.self_attn = QwenAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
-        self.mlp = _MLP(c)
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size)
         self.heads = (c.num_heads, c.num_kv_heads)
 
     def forward(self, x, rope, kv, layer, kv_start, key_mask):
-        a = self.self_attn
-        h = self.input_layernorm(x)
-        x = x + self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, *self.heads, rope, kv, layer, kv_start,
-                               key_mask, getattr(a, "q_norm", None), getattr(a, "k_norm", None))
-        m = self.mlp
-        return x + swiglu(self.post_attention_layernorm(x), m.gate_proj, m.up_proj, m.down_proj)
+        x = x + self.self_attn(self.input_layernorm(x), self.heads, rope, kv, layer, kv_start, key_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class _Backbone(nn.Module):
-    def __init__(self, c: ArchConfig) -> None:
+    def __init__(self, c: ArchConfig, layer: type[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(DreamLayer(c) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(layer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.norm_eps)
 
 
 class DreamModel(DiffusionLM):
+    """The Qwen-layout decoder: model.{embed_tokens, layers, norm}, lm_head. A family with other
+    layers in the same layout (LLaDA-MoE) sets `layer`."""
+
+    layer: type[nn.Module] = DreamLayer
+
     def __init__(self, config: ArchConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = _Backbone(config)
+        self.model = _Backbone(config, self.layer)
         if not config.tie_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta)
 
     def parts(self):
         m = self.model

@@ -17,23 +17,15 @@ shift: each position scores its own token.
 from torch import nn
 
 from unmask.errors import CheckpointError
-from unmask.layers.blocks import fused_self_attention, swiglu
+from unmask.layers.blocks import fused_self_attention
 from unmask.layers.moe import MoEConfig, Router, SparseMoE
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
-from unmask.models.base import ArchConfig, DiffusionLM, cfg_float, cfg_int
+from unmask.models.base import ArchConfig, DiffusionLM, cfg_flag, cfg_float, cfg_int
+from unmask.models.dream import GatedMLP
 
 LLADA2_BLOCK = 32
 F = "LLaDA2"
-
-
-def _flag(cfg: dict, key: str, default: bool) -> bool:
-    v = cfg.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
-    return v
 
 
 def llada2_arch(cfg: dict) -> ArchConfig:
@@ -45,7 +37,7 @@ def llada2_arch(cfg: dict) -> ArchConfig:
     score = cfg.get("score_function", "sigmoid")
     if score != "sigmoid":
         raise CheckpointError(f"config.json: unsupported LLaDA2 option score_function={score!r} (supported: 'sigmoid')")
-    if _flag(cfg, "norm_head", False):
+    if cfg_flag(cfg, "norm_head", False):
         raise CheckpointError("config.json: unsupported LLaDA2 option norm_head=true")
     heads = cfg_int(cfg, "num_attention_heads", family=F)
     kv_heads = cfg_int(cfg, "num_key_value_heads", 0) or heads
@@ -81,10 +73,10 @@ def llada2_arch(cfg: dict) -> ArchConfig:
         rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-5),
         max_positions=cfg_int(cfg, "max_position_embeddings", 16384),
-        tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
-        qkv_bias=_flag(cfg, "use_qkv_bias", False),
-        attn_out_bias=_flag(cfg, "use_bias", True),
-        qk_norm=_flag(cfg, "use_qk_norm", True),
+        tie_embeddings=cfg_flag(cfg, "tie_word_embeddings", False),
+        qkv_bias=cfg_flag(cfg, "use_qkv_bias", False),
+        attn_out_bias=cfg_flag(cfg, "use_bias", True),
+        qk_norm=cfg_flag(cfg, "use_qk_norm", True),
         head_size=head_dim if head_dim * heads != hidden else 0,
         rotary_dim=int(head_dim * factor),
         block_size=block,
@@ -103,23 +95,12 @@ class _Attention(nn.Module):
         self.dense = nn.Linear(c.num_heads * hd, c.hidden_size, bias=c.attn_out_bias)
 
 
-class _Dense(nn.Module):
-    def __init__(self, d: int, f: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x):
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
-
-
 class _MoE(SparseMoE):
     def __init__(self, c: ArchConfig) -> None:
         m = c.moe
         super().__init__(m, c.hidden_size, Router(m.num_experts, c.hidden_size, m.expert_bias))
         if m.shared_size:
-            self.shared_experts = _Dense(c.hidden_size, m.shared_size)
+            self.shared_experts = GatedMLP(c.hidden_size, m.shared_size)
 
     def forward(self, x):
         y = super().forward(x)
@@ -132,7 +113,7 @@ class _Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
         self.attention = _Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
-        self.mlp = _MoE(c) if c.moe and c.moe.is_moe(i) else _Dense(c.hidden_size, c.intermediate_size)
+        self.mlp = _MoE(c) if c.moe and c.moe.is_moe(i) else GatedMLP(c.hidden_size, c.intermediate_size)
         self.heads = (c.num_heads, c.num_kv_heads)
 
     def forward(self, x, rope, kv, layer, kv_start, mask):

@@ -15,22 +15,12 @@ norm_topk_prob to False whatever the config says).
 from torch import nn
 
 from unmask.errors import CheckpointError
-from unmask.layers.blocks import self_attention, swiglu
 from unmask.layers.moe import MoEConfig, Router, SparseMoE
 from unmask.layers.norm import RMSNorm
-from unmask.layers.rope import RotaryEmbedding
-from unmask.models.base import ArchConfig, DiffusionLM, cfg_float, cfg_int
+from unmask.models.base import ArchConfig, cfg_flag, cfg_float, cfg_int
+from unmask.models.dream import DreamModel, GatedMLP, QwenAttention
 
 F = "LLaDA-MoE"
-
-
-def _flag(cfg: dict, key: str, default: bool) -> bool:
-    v = cfg.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise CheckpointError(f"config.json: {key} {v!r} must be true or false")
-    return v
 
 
 def llada_moe_arch(cfg: dict) -> ArchConfig:
@@ -62,12 +52,12 @@ def llada_moe_arch(cfg: dict) -> ArchConfig:
     moe = MoEConfig(num_experts=cfg_int(cfg, "num_experts", family=F), top_k=cfg_int(cfg, "num_experts_per_tok", family=F),
                     expert_size=cfg_int(cfg, "expert_intermediate_size", family=F), shared_size=max(shared, 0),
                     dense_layers=tuple(i for i, v in enumerate(freq) if v == 0), score="softmax", norm_topk=False,
-                    expert_bias=_flag(cfg, "moe_router_enable_expert_bias", False))
+                    expert_bias=cfg_flag(cfg, "moe_router_enable_expert_bias", False))
     dense = cfg_int(cfg, "dense_intermediate_size", 0)
     if moe.dense_layers and dense < 1:
         raise CheckpointError(f"config.json: dense_intermediate_size {dense!r} must be positive (moe_layer_freq has "
                               "dense layers)")
-    bias = _flag(cfg, "attention_bias", False)
+    bias = cfg_flag(cfg, "attention_bias", False)
     return ArchConfig(
         family="llada_moe",
         vocab_size=cfg_int(cfg, "vocab_size", family=F),
@@ -79,60 +69,35 @@ def llada_moe_arch(cfg: dict) -> ArchConfig:
         rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-5),
         max_positions=cfg_int(cfg, "max_position_embeddings", 4096),
-        tie_embeddings=_flag(cfg, "tie_word_embeddings", False),
+        tie_embeddings=cfg_flag(cfg, "tie_word_embeddings", False),
         qkv_bias=bias,
         attn_out_bias=bias,
-        qk_norm=_flag(cfg, "qk_layernorm", False),
+        qk_norm=cfg_flag(cfg, "qk_layernorm", False),
         rotary_dim=int(head_dim * factor),
         moe=moe,
     )
 
 
-class _Attention(nn.Module):
-    def __init__(self, c: ArchConfig) -> None:
-        super().__init__()
-        d, hd = c.hidden_size, c.head_dim
-        self.q_proj = nn.Linear(d, c.num_heads * hd, bias=c.qkv_bias)
-        self.k_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
-        self.v_proj = nn.Linear(d, c.num_kv_heads * hd, bias=c.qkv_bias)
-        self.o_proj = nn.Linear(c.num_heads * hd, d, bias=c.attn_out_bias)
-        if c.qk_norm:
-            self.q_norm = RMSNorm(hd, c.norm_eps)
-            self.k_norm = RMSNorm(hd, c.norm_eps)
-
-
-class _Dense(nn.Module):
-    def __init__(self, d: int, f: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x):
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
-
-
 class _Layer(nn.Module):
+    """Qwen-layout attention, then a dense MLP or the routed experts with the shared expert."""
+
     def __init__(self, c: ArchConfig, i: int) -> None:
         super().__init__()
         m = c.moe
         self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
-        self.self_attn = _Attention(c)
+        self.self_attn = QwenAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
         self.moe = m.is_moe(i)
         if self.moe:
             self.mlp = SparseMoE(m, c.hidden_size, Router(m.num_experts, c.hidden_size, False), bias_here=True)
             if m.shared_size:
-                self.shared_expert = _Dense(c.hidden_size, m.shared_size)
+                self.shared_expert = GatedMLP(c.hidden_size, m.shared_size)
         else:
-            self.mlp = _Dense(c.hidden_size, c.intermediate_size)
+            self.mlp = GatedMLP(c.hidden_size, c.intermediate_size)
         self.heads = (c.num_heads, c.num_kv_heads)
 
     def forward(self, x, rope, kv, layer, kv_start, mask):
-        a = self.self_attn
-        h = self.input_layernorm(x)
-        x = x + self_attention(h, a.q_proj, a.k_proj, a.v_proj, a.o_proj, *self.heads, rope, kv, layer, kv_start, mask,
-                               getattr(a, "q_norm", None), getattr(a, "k_norm", None))
+        x = x + self.self_attn(self.input_layernorm(x), self.heads, rope, kv, layer, kv_start, mask)
         h = self.post_attention_layernorm(x)
         y = self.mlp(h)
         if self.moe and hasattr(self, "shared_expert"):
@@ -140,23 +105,7 @@ class _Layer(nn.Module):
         return x + y
 
 
-class _Inner(nn.Module):
-    def __init__(self, c: ArchConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(_Layer(c, i) for i in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.norm_eps)
+class LLaDAMoEModel(DreamModel):
+    """The Qwen-layout decoder (model.{embed_tokens, layers, norm}, lm_head) with LLaDA-MoE's layers."""
 
-
-class LLaDAMoEModel(DiffusionLM):
-    def __init__(self, config: ArchConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = _Inner(config)
-        if not config.tie_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rope = RotaryEmbedding(config.rope_dim, config.rope_theta)
-
-    def parts(self):
-        m = self.model
-        return m.embed_tokens, m.layers, m.norm, None if self.config.tie_embeddings else self.lm_head
+    layer = _Layer
