@@ -67,7 +67,8 @@ class GenerationParams:
     threshold: float = _param(0.9, "threshold policy: commit every candidate with confidence >= this",
                               _interval(0, 1))
     factor: float = _param(1.0, "factor policy: f", _interval(0, math.inf, hi_open=True))
-    gamma: float = _param(0.1, "entropy policy: entropy bound", _interval(0, math.inf, lo_open=False, hi_open=True))
+    gamma: float = _param(0.1, "entropy policy and compat diffusion-gemma: entropy bound (accept the lowest-entropy "
+                          "positions while the sum of their entropies minus the largest is at most this)", _interval(0, math.inf, lo_open=False, hi_open=True))
     budget: float = _param(1.0, "budget policy: error budget f", _interval(0, math.inf, hi_open=True))
     cache: str = _param("none", "KV cache policy", _choices(CACHES))
     refresh_interval: int | None = _param(None, "also refresh the cache every N steps inside a block", _positive_int)
@@ -96,6 +97,18 @@ class GenerationParams:
     alg: str | None = _param(None, "Dream algorithm, with compat dream", _choices(DREAM_ALGS))
     eps: float = _param(1e-3, "Dream's timestep floor, with compat dream", _interval(0, 1, hi_open=True))
     early_stop: bool = _param(True, "stop a row once its end of text is committed", None)
+    t_max: float | None = _param(None, "compat diffusion-gemma: the temperature of a canvas's first denoising step "
+                                 "(default 0.8); it falls linearly towards t_min", _interval(0, math.inf, hi_open=True))
+    t_min: float | None = _param(None, "compat diffusion-gemma: the temperature the schedule falls to (default 0.4)",
+                                 _interval(0, math.inf, lo_open=False, hi_open=True))
+    max_denoising_steps: int | None = _param(None, "compat diffusion-gemma: denoising steps per canvas at most "
+                                             "(default 48)", _positive_int)
+    stability_threshold: int | None = _param(None, "compat diffusion-gemma: a canvas stops once its argmax stayed the "
+                                             "same for this many steps (default 1) and it is confident",
+                                             _non_negative_int)
+    confidence_threshold: float | None = _param(None, "compat diffusion-gemma: ... confident: the mean entropy of its "
+                                                "positions is below this (default 0.005)",
+                                                _interval(0, math.inf, hi_open=True))
 
     def __post_init__(self) -> None:
         check_fields(self.__dict__)  # every value's type and range, as soon as it is built
@@ -145,6 +158,10 @@ class GenerationParams:
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
         if p.alg is not None and p.compat != "dream":
             raise UnmaskError(f"alg {p.alg!r} is a Dream algorithm; use it with compat 'dream'")
+        for name in RENOISE_KNOBS:
+            if getattr(p, name) is not None and p.compat != "diffusion-gemma":
+                raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler; use it with "
+                                  "compat 'diffusion-gemma' (a DiffusionGemma model)", param=name)
         if p.compat is not None:
             get_mode(p.compat).check(p)
         return p
@@ -153,6 +170,8 @@ class GenerationParams:
 PARAM_FIELDS = {f.name: f for f in fields(GenerationParams)}
 # the fields some cache policy reads (each cache names its own in `knobs`)
 CACHE_KNOBS = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
+# the renoising sampler's settings (DiffusionGemma), besides gamma, its entropy bound
+RENOISE_KNOBS = ("t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
 # what differs between requests without changing how their rows are proposed and committed
 _PER_REQUEST = ("gen_length", "steps", "seed")
 
@@ -220,7 +239,8 @@ def coerce(name: str, value, label: str | None = None):
 SHAPE = ("gen_length", "block_length", "steps")
 # what a model's generation_config.json may set besides the shape (sampling knobs are the caller's)
 MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget",
-                              "cache", "refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
+                              "cache", "refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope",
+                              *RENOISE_KNOBS)
 # unmask's setting where a checkpoint recommends nothing: Fast-dLLM's threshold 0.9 with DualCache.
 # On the embedded model it keeps the one-token-per-step accuracy with 4.7x fewer forwards (README,
 # Results); Fast-dLLM reports the same on LLaDA-8B and Dream-7B (GSM8K within a point).
@@ -275,6 +295,8 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
     check_fields(given)
     model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULT_KEYS}
     values = canvas_shape(model_defaults, given, block_size)
+    if "compat" in given:  # a reference's own settings may come from the checkpoint (DiffusionGemma's sampler)
+        values.update({k: v for k, v in model_defaults.items() if k in get_mode(given["compat"]).model_keys})
     if fast and "compat" not in given:
         decoding = {**FAST, **{k: v for k, v in model_defaults.items() if k not in SHAPE}}
         if "policy" not in given:

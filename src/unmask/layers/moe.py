@@ -148,18 +148,26 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (T, H), idx (T, k) expert ids, w (T, k) weights -> (T, H): sum_k w * expert_k(x)."""
-        T, k = idx.shape
-        flat = idx.reshape(-1)
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.num)
-        offs = counts.cumsum(0).to(torch.int32)
-        xs = x[order // k]
-        h = _grouped(xs, self.w_in, offs, counts)
-        gate, up = h.split(self.size, dim=-1)
-        ys = _grouped(F.silu(gate) * up, self.w_out, offs, counts)
-        y = torch.empty_like(ys)
-        y[order] = ys
-        return (y.view(T, k, -1).to(w.dtype) * w[..., None]).sum(1).to(x.dtype)
+        return mix_experts(x, idx, w, self.w_in, self.w_out, F.silu)
+
+
+def mix_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor,
+                act) -> torch.Tensor:
+    """x (T, H), idx (T, k) expert ids, w (T, k) weights, w_in (E, 2F, H) gate rows then up rows,
+    w_out (E, H, F), `act` the gate's activation -> (T, H): sum_k w * expert_k(x), every expert's
+    tokens in one grouped multiply."""
+    T, k = idx.shape
+    flat = idx.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=w_in.shape[0])
+    offs = counts.cumsum(0).to(torch.int32)
+    xs = x[order // k]
+    h = _grouped(xs, w_in, offs, counts)
+    gate, up = h.split(w_out.shape[2], dim=-1)
+    ys = _grouped(act(gate) * up, w_out, offs, counts)
+    y = torch.empty_like(ys)
+    y[order] = ys
+    return (y.view(T, k, -1).to(w.dtype) * w[..., None]).sum(1).to(x.dtype)
 
 
 class SparseMoE(nn.Module):

@@ -46,6 +46,11 @@ class ArchConfig:
     attn_out_bias: bool = False
     # mixture-of-experts feed-forward (LLaDA2.x, LLaDA-MoE); None = dense
     moe: MoEConfig | None = None
+    # a renoising model's canvas (DiffusionGemma: a canvas of random tokens that its own sampler
+    # rewrites; it has no mask token and no `forward` for the masked-diffusion engine); 0 = not one
+    canvas_length: int = 0
+    # family-specific layout facts the family's model reads (DiffusionGemma: GemmaLayout); None elsewhere
+    layout: object = None
 
     def __post_init__(self) -> None:
         """A config that cannot describe a working model is refused by name."""

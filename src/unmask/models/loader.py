@@ -6,6 +6,7 @@ key, or shape mismatch is a CheckpointError that names it.
 """
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -97,6 +98,13 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if family.skipped is not None:
+        reasons = {k: family.skipped(k) for k in files}
+        files = {k: f for k, f in files.items() if reasons[k] is None}
+        vision = sum(r == "vision" for r in reasons.values())
+        if vision:
+            warnings.warn(f"{folder}: {vision} vision-tower tensors skipped: unmask runs this model on text only "
+                          "(image input is not supported)", stacklevel=2)
     if arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
         raise CheckpointError(f"{folder}: config.json says {arch.num_layers} layers, but the checkpoint holds only "
                               f"{len(files)} tensors")

@@ -7,6 +7,7 @@ from typing import Callable
 from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, sdar_arch
+from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
 from unmask.models.dream import DreamModel, dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
 from unmask.models.llada2 import LLaDA2Model, llada2_arch
@@ -20,6 +21,9 @@ class Family:
     architectures: tuple[str, ...]
     arch: Callable[[dict], ArchConfig]
     cls: type[DiffusionLM]
+    # checkpoint tensors the family does not load: key -> why ("vision": a vision tower, skipped
+    # with one notice; "tied": a tied duplicate of a loaded weight), or None to load it
+    skipped: Callable[[str], str | None] | None = None
 
 
 FAMILIES = (
@@ -32,6 +36,9 @@ FAMILIES = (
     # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
     Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel),
     Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel),
+    # renoising block diffusion on the Gemma 4 stack (text only)
+    Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,
+           DiffusionGemmaModel, skipped_key),
 )
 
 

@@ -5,6 +5,7 @@ decoding, which is the request engine's (unmask.engine).
 - lockstep.py: LLaDA's, Fast-dLLM v1's and Dream's lockstep batch loop;
 - fast_dllm_v2.py: Fast-dLLM v2's `batch_sample`;
 - llada2.py: LLaDA2.1's `generate` (mask-to-token plus token-to-token editing);
+- diffusion_gemma.py: DiffusionGemma's `generate` (renoising: entropy bound, self-conditioning);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 
@@ -18,6 +19,10 @@ def run_reference(model, tokens, prompts: list[list[int]], params):
         from unmask.reference.fast_dllm_v2 import decode_fast_dllm_v2
 
         return decode_fast_dllm_v2(model, tokens, prompts, params)
+    if loop == "diffusion-gemma":
+        from unmask.reference.diffusion_gemma import decode_diffusion_gemma
+
+        return decode_diffusion_gemma(model, tokens, prompts, params)
     if loop == "llada2":
         from unmask.reference.llada2 import decode_llada2
 

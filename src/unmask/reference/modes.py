@@ -59,6 +59,7 @@ class CompatMode:
     equal_length_prompts: ClassVar[bool] = True  # the reference attends to padding
     loop: ClassVar[str] = "lockstep"  # lockstep (LLaDA, Fast-dLLM v1, Dream), fast-dllm-v2 or llada2
     tiles: ClassVar[bool] = True  # gen_length must be a multiple of block_length, steps of the blocks
+    model_keys: ClassVar[tuple[str, ...]] = ()  # its settings a checkpoint's generation_config.json may give
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -139,6 +140,38 @@ class LLaDA2(CompatMode):
         self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
         self._need(p, p.steps is None, f"steps {p.steps} (its generate commits by threshold, not by a schedule)")
         self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}")
+        super().check(p)
+
+
+@register
+class DiffusionGemmaMode(CompatMode):
+    """DiffusionGemma's `generate` (transformers' models/diffusion_gemma/generation_diffusion_gemma.py)
+    on a DiffusionGemma checkpoint: per canvas an encoder pass, then up to max_denoising_steps
+    denoising steps at a temperature falling from t_max to t_min, entropy-bound acceptance (gamma),
+    uniform renoising, self-conditioning, stable-and-confident stopping; gen_length is its
+    max_new_tokens (whole canvases), seed the torch.manual_seed before the call. Loop:
+    unmask.reference.diffusion_gemma."""
+
+    name = "diffusion-gemma"
+    reference = "DiffusionGemma's generate (transformers)"
+    family = "diffusion_gemma"
+    policies = ("entropy",)
+    caches = ("none",)
+    equal_length_prompts = False  # left-padded, with the padding masked as the reference masks it
+    loop = "diffusion-gemma"
+    tiles = False  # whole canvases of the model's canvas_length
+    model_keys = ("gamma", "t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
+    DEFAULTS: ClassVar[dict] = {"t_max": 0.8, "t_min": 0.4, "max_denoising_steps": 48, "stability_threshold": 1,
+                                "confidence_threshold": 0.005}  # its _get_default_generation_params
+
+    def resolve(self, p):
+        return replace(p, policy="entropy", **{k: v for k, v in self.DEFAULTS.items() if getattr(p, k) is None})
+
+    def check(self, p):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (its temperature falls from t_max to t_min)")
+        self._need(p, p.steps is None, f"steps {p.steps} (use max_denoising_steps, per canvas)")
+        if p.t_max <= p.t_min:
+            raise UnmaskError(f"t_max {p.t_max} must be above t_min {p.t_min}", param="t_max")
         super().check(p)
 
 
