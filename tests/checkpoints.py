@@ -373,3 +373,52 @@ def write_llada_moe(folder, d=32, layers=3, heads=4, ff=48, experts=8, top_k=2, 
     t["lm_head.weight"][cfg["mask_token_id"]] = 0
     _save_sharded(folder, t, shards)
     return folder
+
+
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>"]  # ids 0, 1, 2: the release's pad, eos and bos
+GEMMA_TURNS = ["<start_of_turn>", "<end_of_turn>"]
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn> {{ m['role'] }} {{ m['content'] }} <end_of_turn> "
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn> assistant {% endif %}"
+)
+
+
+def write_diffusion_gemma(folder, canvas=16, layers=3, window=8, peaky=40.0, seed=0, generation=None,
+                          layer_types=("sliding_attention", "full_attention", "full_attention")) -> Path:
+    """A tiny DiffusionGemma checkpoint written by transformers' own save_pretrained (the released
+    layout: text_config, per_layer_config, the vision tower's weights, the tied weights under the
+    decoder's names), with a word-level tokenizer whose specials sit where Gemma's do.
+    `peaky`: the (tied) embedding is scaled up so the random model's logits are sharp enough to
+    accept many tokens per step and to stop early (a flat random model never does)."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, num_experts=4,
+                top_k_experts=2, moe_intermediate_size=32, sliding_window=window, layer_types=list(layer_types),
+                max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    vision = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    cfg = DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas, image_token_id=125,
+                               boi_token_id=126, eoi_token_id=127)
+    model = DiffusionGemmaForBlockDiffusion(cfg).eval()
+    with torch.no_grad():
+        model.model.decoder.embed_tokens.weight.mul_(peaky)
+        for i, layer in enumerate(model.model.decoder.layers):  # the two roles' own scalars differ
+            layer.layer_scalar.fill_(0.7 + 0.1 * i)
+        for layer in model.model.encoder.language_model.layers:
+            layer.layer_scalar.fill_(1.2)
+    model.save_pretrained(folder)
+    vocab = {s: i for i, s in enumerate(GEMMA_SPECIALS + WORDS + GEMMA_TURNS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(GEMMA_SPECIALS + GEMMA_TURNS)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "chat_template": GEMMA_TEMPLATE}))
+    gen = {"eos_token_id": [1, vocab["<end_of_turn>"]], "pad_token_id": 0, "bos_token_id": 2, **(generation or {})}
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **gen}, indent=2))
+    return folder

@@ -59,6 +59,9 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
             raise UnmaskError(f"{', '.join(wrong)}: not used by an autoregressive model (it decodes one token per "
                               f"forward with its KV cache); it takes {', '.join(AR_FIELDS)}", param=wrong[0])
         return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
+    if arch.canvas_length and params.compat != "diffusion-gemma":
+        raise UnmaskError(f"this {arch.family} model is a renoising model: it decodes with compat 'diffusion-gemma' "
+                          "(its own sampler; the request engine does not run renoising models yet)", param="compat")
     if engine and params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
     p = params.check(arch.block_size)

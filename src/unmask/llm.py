@@ -20,7 +20,8 @@ from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
 from unmask.models.loader import load_model, read_json
 from unmask.outputs import BatchOutput, GenerationResult, result_of
-from unmask.params import MODEL_DEFAULT_KEYS, GenerationParams, check_fields, resolve_params
+from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
+                           resolve_params)
 from unmask.reference import run_reference
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
@@ -42,7 +43,8 @@ class LLM:
         if not isinstance(self.generation_config, dict):
             raise CheckpointError(f"{gen_path} must hold a JSON object")
         self.tokenizer = Tokenizer.from_dir(self.path)
-        self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer)
+        self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer,
+                                                     needs_mask=not self.arch.canvas_length)
         check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
         try:  # the decoding settings a checkpoint recommends must themselves be valid
             check_fields(self.generation_defaults)
@@ -67,6 +69,8 @@ class LLM:
         block_length, steps) and the diffusion decoding settings (policy, its knobs, cache);
         sampling settings (temperature, top_p, ...) stay the caller's."""
         g = self.generation_config
+        if self.arch.canvas_length:  # a renoising model: its sampler's fields, as its generate reads them
+            return renoise_defaults(g)
         defaults = {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
         if self.arch.block_size:  # a block-diffusion model decodes its own blocks, with its exact cache
             for k, v in RELEASED_DEFAULTS.get(self.arch.family, {}).items():
@@ -79,9 +83,16 @@ class LLM:
     def default_params(self, **given) -> GenerationParams:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
         defaults (not for an autoregressive model). What `generate` uses when given no parameters."""
+        given = self.implied(given)
         params = resolve_params(given, self.generation_defaults, fast=not self.arch.causal,
                                 block_size=self.arch.block_size)
         return self.accept(params, given)
+
+    def implied(self, given: dict) -> dict:
+        """The fields a caller gave, with what this model implies: a renoising model decodes with
+        its own sampler (compat diffusion-gemma; the request engine does not run it yet)."""
+        given = {k: v for k, v in given.items() if v is not None}
+        return {"compat": RENOISE_COMPAT, **given} if self.arch.canvas_length else given
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:
         """`params` as this model runs them (unmask.accept), or an UnmaskError naming the problem."""
@@ -118,6 +129,10 @@ class LLM:
 
     def engine(self, config: EngineConfig | None = None) -> Engine:
         """A request-level engine over this model (continuous batching; see unmask.engine)."""
+        if self.arch.canvas_length:
+            raise UnmaskError(f"this {self.arch.family} model is a renoising model: the request engine (unmask serve, "
+                              "LLM.engine) does not run it yet; LLM.generate and unmask generate decode it with "
+                              "compat 'diffusion-gemma'")
         return Engine(self.model, self.token_ids, config)
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:

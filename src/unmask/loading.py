@@ -55,7 +55,7 @@ def check_token_ids(t: TokenIds, vocab: int, path) -> None:
     bad = [i for i in t.stop if not 0 <= i < vocab]
     if bad:
         raise CheckpointError(f"{path}: stop token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
-    if t.mask in t.stop or t.mask == t.pad:
+    if t.mask is not None and (t.mask in t.stop or t.mask == t.pad):
         raise CheckpointError(f"{path}: the mask token id {t.mask} is also an end-of-text or padding id")
 
 

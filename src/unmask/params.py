@@ -172,6 +172,7 @@ PARAM_FIELDS = {f.name: f for f in fields(GenerationParams)}
 CACHE_KNOBS = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
 # the renoising sampler's settings (DiffusionGemma), besides gamma, its entropy bound
 RENOISE_KNOBS = ("t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
+RENOISE_COMPAT = "diffusion-gemma"  # the reference loop a renoising model decodes with
 # what differs between requests without changing how their rows are proposed and committed
 _PER_REQUEST = ("gen_length", "steps", "seed")
 
@@ -245,6 +246,19 @@ MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", 
 # On the embedded model it keeps the one-token-per-step accuracy with 4.7x fewer forwards (README,
 # Results); Fast-dLLM reports the same on LLaDA-8B and Dream-7B (GSM8K within a point).
 FAST = {"policy": "threshold", "threshold": 0.9, "cache": "dual"}
+
+
+def renoise_defaults(g: dict) -> dict:
+    """A renoising model's generation_config.json as GenerationParams fields: max_new_tokens is
+    gen_length, sampler_config.entropy_bound gamma, the rest by their own names (null: not set)."""
+    out = {k: g[k] for k in RENOISE_KNOBS if g.get(k) is not None}
+    out["gen_length"] = g.get("max_new_tokens") or get_mode(RENOISE_COMPAT).DEFAULTS["gen_length"]
+    sampler = g.get("sampler_config")
+    if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
+        out["gamma"] = sampler["entropy_bound"]
+    elif sampler is not None:
+        raise UnmaskError(f"sampler_config {sampler!r} must be an object with entropy_bound")
+    return out
 
 
 def canvas_shape(defaults: dict, given: dict, block_size: int = 0) -> dict:

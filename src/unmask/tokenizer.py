@@ -21,7 +21,7 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "|<MASK>|", "<|MASK|>", "[MASK]", "<mask>")
-_END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>")
+_END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")
 
 
 def _content(tok) -> str | None:
@@ -150,8 +150,12 @@ def _ids(value, name: str = "token id") -> list[int]:
     return list(values)
 
 
-def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> TokenIds:
-    """Mask, EOS, pad, BOS and stop ids from config.json, generation_config.json and the tokenizer."""
+def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer, needs_mask: bool = True) -> TokenIds:
+    """Mask, EOS, pad, BOS and stop ids from config.json (its text_config where the ids live
+    there, as in DiffusionGemma's), generation_config.json and the tokenizer. `needs_mask`: False
+    for a model that has no mask token (a renoising model); its mask id is then None."""
+    if isinstance(config.get("text_config"), dict):
+        config = {**config["text_config"], **config}
     mask = config.get("mask_token_id")
     if mask is not None:
         given = _ids(mask, "config.json: mask_token_id")
@@ -160,7 +164,7 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> 
         mask = given[0]
     if mask is None:
         mask = next((tok.token_id(s) for s in _MASK_STRINGS if tok.token_id(s) is not None), None)
-    if mask is None:
+    if mask is None and needs_mask:
         raise CheckpointError("no mask token: config.json has no mask_token_id and the tokenizer has no mask token")
     eos_list = _ids(config.get("eos_token_id"), "config.json: eos_token_id") or _ids(tok.token_id(tok.special("eos_token")))
     if not eos_list:
@@ -176,9 +180,9 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer) -> 
     stop = set(eos_list) | set(_ids(generation_config.get("eos_token_id"), "generation_config.json: eos_token_id"))
     stop |= set(_ids(tok.token_id(tok.special("eos_token"))))
     stop |= {i for i in (tok.token_id(s) for s in _END_OF_TURN_STRINGS) if i is not None}
-    stop.discard(int(mask))
+    stop.discard(mask)
     return TokenIds(
-        mask=int(mask),
+        mask=None if mask is None else int(mask),
         eos=eos_list[0],
         pad=pad[0] if pad else None,
         bos=bos[0] if bos else None,

@@ -151,7 +151,7 @@ def _get(cfg: dict, key: str, default, family: str):
 class TokenIds:
     """Special token ids, read from the checkpoint's config and tokenizer files."""
 
-    mask: int
+    mask: int | None  # None: a model without a mask token (a renoising model)
     eos: int
     pad: int | None = None
     bos: int | None = None

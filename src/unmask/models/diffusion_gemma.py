@@ -88,7 +88,7 @@ def diffusion_gemma_arch(cfg: dict) -> ArchConfig:
         raise CheckpointError(f"config.json: text_config.rope_parameters {rope!r} must be an object")
     s_theta = _rope(rope, "sliding_attention", "default", 10_000.0)[0]
     f_theta, f_rotary = _rope(rope, "full_attention", "proportional", 1_000_000.0, 0.25)
-    experts = cfg_int(tc, "num_experts", None)
+    experts = _optional_int(tc, "num_experts")
     if not experts:
         raise CheckpointError("config.json: DiffusionGemma text_config lacks num_experts (its layers always hold "
                               "a mixture of experts)")
@@ -119,6 +119,10 @@ def diffusion_gemma_arch(cfg: dict) -> ArchConfig:
     )
 
 
+def _optional_int(cfg: dict, key: str) -> int | None:
+    return None if cfg.get(key) is None else cfg_int(cfg, key)
+
+
 def _layer_types(tc: dict, layers: int) -> tuple[bool, ...]:
     types = tc.get("layer_types")
     if types is None:  # Gemma 4's default: five sliding layers, then a full one
@@ -138,7 +142,7 @@ def _full_layer_shape(tc: dict, sliding: tuple[bool, ...], head_dim: int, kv_hea
     save_pretrained writes it, or global_head_dim / num_global_key_value_heads."""
     per = tc.get("per_layer_config")
     if per is None:
-        return cfg_int(tc, "global_head_dim", 512), cfg_int(tc, "num_global_key_value_heads", None) or kv_heads
+        return cfg_int(tc, "global_head_dim", 512), _optional_int(tc, "num_global_key_value_heads") or kv_heads
     if not isinstance(per, dict):
         raise CheckpointError(f"config.json: text_config.per_layer_config {per!r} must be an object")
     shapes = set()

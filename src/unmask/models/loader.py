@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from unmask.errors import CheckpointError
+from unmask.errors import CheckpointError, UnmaskWarning
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
 from unmask.models.registry import resolve_family
@@ -104,7 +104,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         vision = sum(r == "vision" for r in reasons.values())
         if vision:
             warnings.warn(f"{folder}: {vision} vision-tower tensors skipped: unmask runs this model on text only "
-                          "(image input is not supported)", stacklevel=2)
+                          "(image input is not supported)", UnmaskWarning, stacklevel=2)
     if arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
         raise CheckpointError(f"{folder}: config.json says {arch.num_layers} layers, but the checkpoint holds only "
                               f"{len(files)} tensors")

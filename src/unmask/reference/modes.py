@@ -162,10 +162,11 @@ class DiffusionGemmaMode(CompatMode):
     tiles = False  # whole canvases of the model's canvas_length
     model_keys = ("gamma", "t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
     DEFAULTS: ClassVar[dict] = {"t_max": 0.8, "t_min": 0.4, "max_denoising_steps": 48, "stability_threshold": 1,
-                                "confidence_threshold": 0.005}  # its _get_default_generation_params
+                                "confidence_threshold": 0.005, "gen_length": 256}  # _get_default_generation_params
 
     def resolve(self, p):
-        return replace(p, policy="entropy", **{k: v for k, v in self.DEFAULTS.items() if getattr(p, k) is None})
+        unset = {k: v for k, v in self.DEFAULTS.items() if k != "gen_length" and getattr(p, k) is None}
+        return replace(p, policy="entropy", **unset)
 
     def check(self, p):
         self._need(p, p.temperature == 0, f"temperature {p.temperature} (its temperature falls from t_max to t_min)")
