@@ -18,7 +18,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Entro
 from checkpoints import write_diffusion_gemma  # noqa: E402
 from unmask import LLM, GenerationParams  # noqa: E402
 from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning  # noqa: E402
-from unmask.models.diffusion_gemma import EncoderCache  # noqa: E402
+from unmask.cache.renoise_kv import RenoiseKV  # noqa: E402
 from unmask.models.loader import load_model  # noqa: E402
 
 
@@ -80,12 +80,14 @@ def test_forward_matches_transformers(dg, ref):
         dmask = ref.model.decoder.create_diffusion_decoder_attention_mask(
             config=ref.config, inputs_embeds=canvas[..., None], cache=cache,
             decoder_attention_mask=torch.nn.functional.pad(am, (0, L), value=True))
-        mine = EncoderCache(dg.arch.num_layers)
-        dg.model.encode(ids, pos, mine, am)
+        lay = dg.arch.layout
+        mine = RenoiseKV(lay.sliding, lay.window, B, "cpu")
+        with mine.writing(pos.expand(B, -1), torch.ones_like(am), am):
+            dg.model.encode(ids, pos.expand(B, -1), mine)
         for signal in (sc, None):
             want = ref(decoder_input_ids=canvas, self_conditioning_logits=signal, decoder_attention_mask=dmask,
                        cache=cache, decoder_position_ids=dpos).logits
-            got = dg.model.denoise(canvas, dpos, mine, signal)
+            got = dg.model.denoise(canvas, dpos.expand(B, -1), mine, signal)
             assert (want - got).abs().max() <= 1e-5 * want.abs().max().clamp(min=1)
 
 
@@ -223,3 +225,36 @@ def test_loader_is_strict_about_weights(dg_dir, tmp_path):
     with pytest.warns(UnmaskWarning):
         model, _ = load_model(folder)
     assert model.model.decoder.norm.weight.shape == (64,)
+
+
+def test_packed_experts_equal_a_per_token_loop(dg):
+    """The batched grouped multiply over packed (E, 2F, H) experts equals a loop over tokens and
+    their chosen experts."""
+    layer = dg.model.model.decoder.layers[0]
+    torch.manual_seed(0)
+    x = torch.randn(13, 64)
+    idx, w = layer.router(x)
+    got = layer.experts(x, idx, w)
+    want = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(idx.shape[1]):
+            e = int(idx[t, j])
+            gate, up = (layer.experts.gate_up_proj[e] @ x[t]).chunk(2)
+            h = torch.nn.functional.gelu(gate, approximate="tanh") * up
+            want[t] += w[t, j] * (layer.experts.down_proj[e] @ h)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_release_style_full_layer_fields(dg_dir, dg, tmp_path):
+    """A config that names the full layers' shape by global_head_dim / num_global_key_value_heads
+    (as Gemma 4's release does) instead of per_layer_config loads to the same model."""
+    folder = _copy(dg_dir, tmp_path)
+
+    def edit(c):
+        c["text_config"].pop("per_layer_config")
+        c["text_config"].update(global_head_dim=32, num_global_key_value_heads=1)
+
+    _edit_config(folder, edit)
+    with pytest.warns(UnmaskWarning):
+        model, _ = load_model(folder)
+    assert model.config.layout == dg.arch.layout

@@ -354,29 +354,11 @@ class _Inner(nn.Module):
         self.decoder = _Decoder(c)
 
 
-class EncoderCache:
-    """The encoder's K/V per layer, as the reference's dynamic cache keeps them: a full layer
-    every position written so far, a sliding layer the last `window - 1`. `mask` (B, length):
-    which written positions are real tokens (False: left padding)."""
-
-    def __init__(self, num_layers: int) -> None:
-        self.k: list[torch.Tensor | None] = [None] * num_layers
-        self.v: list[torch.Tensor | None] = [None] * num_layers
-        self.mask: torch.Tensor | None = None
-        self.length = 0  # positions written
-
-    def keys(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self.k[layer], self.v[layer]
-
-    def key_mask(self, layer: int) -> torch.Tensor:
-        """(B, keys held by the layer): the padding mask of its cached positions."""
-        n = 0 if self.k[layer] is None else self.k[layer].shape[2]
-        return self.mask[:, self.length - n:]
-
-
 class DiffusionGemmaModel(nn.Module):
-    """`encode` writes tokens into an EncoderCache; `denoise` returns a canvas's logits. No
-    `forward`: the engine's masked-diffusion interface does not apply to a renoising model."""
+    """`encode` writes tokens into the encoder's KV cache; `denoise` returns a canvas's logits. No
+    `forward`: the masked-diffusion interface does not apply to a renoising model. The KV cache
+    is the caller's (unmask.cache.renoise_kv): the model asks it, per layer, for the keys,
+    values and mask to attend over."""
 
     def __init__(self, config: ArchConfig) -> None:
         super().__init__()
@@ -387,7 +369,7 @@ class DiffusionGemmaModel(nn.Module):
                           False: _inv_freq(lay.full_head_dim, lay.full_theta, lay.full_rotary)}
 
     def _ropes(self, positions: torch.Tensor, dtype) -> dict:
-        """positions (B or 1, n) -> {sliding: (cos, sin)} each (B, 1, n, D), as the reference computes them."""
+        """positions (B, n) -> {sliding: (cos, sin)} each (B, 1, n, D), as the reference computes them."""
         out = {}
         for kind, inv in self._inv_freq.items():
             freqs = positions.float()[..., None] * inv.to(positions.device)
@@ -400,39 +382,26 @@ class DiffusionGemmaModel(nn.Module):
         return e(ids) * torch.tensor(self.config.hidden_size ** 0.5, dtype=e.weight.dtype)
 
     @torch.no_grad()
-    def encode(self, ids: torch.Tensor, positions: torch.Tensor, cache: EncoderCache, mask: torch.Tensor) -> None:
-        """Write ids (B, n) at positions (1, n) (consecutive, after the cache's) into `cache`,
-        causally; `mask` (B, n): real tokens (False: padding, never attended to)."""
+    def encode(self, ids: torch.Tensor, positions: torch.Tensor, kv) -> None:
+        """Write ids (B, n) at positions (B, n) into `kv` (unmask.cache.renoise_kv.RenoiseKV, in
+        its `writing` context), causally: each layer asks kv.encoder_keys for the keys and mask."""
         dec, enc = self.model.decoder, self.model.encoder.language_model
-        n, w = ids.shape[1], self.config.layout.window
-        cache.mask = mask if cache.mask is None else torch.cat([cache.mask, mask], 1)
-        cache.length += n
-        qpos = positions[0]
         ropes = self._ropes(positions, dec.embed_tokens.weight.dtype)
         x = self.embed(ids)
         for i, layer in enumerate(dec.layers):
-            def attend(attn, h, rope, i=i, sliding=layer.sliding):
+            def attend(attn, h, rope, i=i):
                 q, k, v = attn.qkv(h, rope)
-                old_k, old_v = cache.keys(i)
-                if old_k is not None:
-                    k, v = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
-                kpos = torch.arange(cache.length - k.shape[2], cache.length, device=ids.device)
-                allowed = kpos[None, :] <= qpos[:, None]
-                if sliding:
-                    allowed &= kpos[None, :] > qpos[:, None] - w
-                m = allowed[None, None] & cache.mask[:, None, None, cache.length - k.shape[2]:]
-                m = m | ~m.any(-1, keepdim=True)  # a padding query attends everywhere (its output is never read)
-                cache.k[i], cache.v[i] = (k[:, :, -(w - 1):], v[:, :, -(w - 1):]) if sliding else (k, v)
-                return attn.out(q, k, v, m)
+                return attn.out(q, *kv.encoder_keys(i, k, v))
 
             x = layer(x, ropes[layer.sliding], attend, enc.layers[i].layer_scalar)
 
     @torch.no_grad()
-    def denoise(self, canvas: torch.Tensor, positions: torch.Tensor, cache: EncoderCache,
-                sc_logits: torch.Tensor | None) -> torch.Tensor:
-        """canvas (B, L) at positions (1, L) after the cache -> logits (B, L, V) float32,
-        soft-capped. `sc_logits` (B, L, V): the previous step's (processed) logits, the
-        self-conditioning signal; None at a canvas's first step (a zero signal)."""
+    def denoise(self, canvas: torch.Tensor, positions: torch.Tensor, kv, sc_logits: torch.Tensor | None,
+                sc_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """canvas (B, L) at positions (B, L) after each row's slots -> logits (B, L, V) float32,
+        soft-capped. `sc_logits` (B, L, V): the previous step's processed logits, the
+        self-conditioning signal; None: a zero signal (a canvas's first step); `sc_rows` (B,) bool:
+        the rows that have one (the others get zero, as the reference's self_conditioning_mask)."""
         dec = self.model.decoder
         wt = dec.embed_tokens.weight
         x = self.embed(canvas)
@@ -441,18 +410,14 @@ class DiffusionGemmaModel(nn.Module):
         else:
             soft = (sc_logits.softmax(-1, dtype=torch.float32).to(wt.dtype) @ wt) * torch.tensor(
                 self.config.hidden_size ** 0.5, dtype=wt.dtype)
+            if sc_rows is not None:
+                soft = soft * sc_rows.to(soft.dtype)[:, None, None]
         x = dec.self_conditioning(x, soft)
         ropes = self._ropes(positions, wt.dtype)
-        B, L = canvas.shape
         for i, layer in enumerate(dec.layers):
             def attend(attn, h, rope, i=i):
                 q, k, v = attn.qkv(h, rope)
-                old_k, old_v = cache.keys(i)
-                keep = cache.key_mask(i)
-                if old_k is not None:
-                    k, v = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
-                m = torch.cat([keep, keep.new_ones(B, L)], 1)[:, None, None, :]
-                return attn.out(q, k, v, None if bool(m.all()) else m)
+                return attn.out(q, *kv.denoiser_keys(i, k, v))
 
             x = layer(x, ropes[layer.sliding], attend, layer.layer_scalar)
         logits = F.linear(dec.norm(x), wt).float()

@@ -30,7 +30,8 @@ import time
 import torch
 
 from unmask.models.base import TokenIds
-from unmask.models.diffusion_gemma import DiffusionGemmaModel, EncoderCache
+from unmask.cache.renoise_kv import RenoiseKV
+from unmask.models.diffusion_gemma import DiffusionGemmaModel
 from unmask.params import GenerationParams
 from unmask.trace import Decoded, ForwardRecord
 
@@ -71,7 +72,8 @@ def decode_diffusion_gemma(model: DiffusionGemmaModel, tokens: TokenIds, prompts
     eos = torch.tensor(tokens.stop, device=device)
     if params.seed is not None:
         torch.manual_seed(params.seed)
-    cache = EncoderCache(model.config.num_layers)
+    lay = model.config.layout
+    cache = RenoiseKV(lay.sliding, lay.window, B, device)
     out = torch.empty(B, 0, dtype=torch.long, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     row_nfe = torch.zeros(B, dtype=torch.long, device=device)
@@ -79,7 +81,9 @@ def decode_diffusion_gemma(model: DiffusionGemmaModel, tokens: TokenIds, prompts
     steps: list[ForwardRecord] = []
     new, new_mask, start = ids, attn, 0
     for _ in range(-(-params.gen_length // L)):
-        model.encode(new, torch.arange(start, start + new.shape[1], device=device)[None], cache, new_mask)
+        positions = torch.arange(start, start + new.shape[1], device=device)[None].expand(B, -1)
+        with cache.writing(positions, torch.ones_like(new_mask), new_mask):
+            model.encode(new, positions, cache)
         start += new.shape[1]
         canvas, denoised_nfe = _denoise_canvas(model, params, cache, start, B, L, V, finished, steps, device)
         row_nfe += denoised_nfe
@@ -105,7 +109,7 @@ def decode_diffusion_gemma(model: DiffusionGemmaModel, tokens: TokenIds, prompts
 
 def _denoise_canvas(model, params, cache, start, B, L, V, finished, steps, device):
     """One canvas's denoising loop -> (argmax canvas (B, L), denoising forwards per row (B,))."""
-    positions = torch.arange(start, start + L, device=device)[None]
+    positions = torch.arange(start, start + L, device=device)[None].expand(B, -1)
     canvas = torch.randint(0, V, (B, L), device=device)
     argmax, sc = canvas, None
     done = torch.zeros(B, dtype=torch.bool, device=device)
