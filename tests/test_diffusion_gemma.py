@@ -168,13 +168,116 @@ def test_bad_settings_are_named(dg, given, match):
         dg.generate([[5, 6]], given)
 
 
-def test_renoising_knobs_refused_elsewhere_and_engine_refuses(dg, llada):
-    with pytest.raises(UnmaskError, match="t_max 1.0 is a setting of DiffusionGemma's sampler"):
+def test_renoising_knobs_refused_elsewhere(llada, dg):
+    with pytest.raises(UnmaskError, match="t_max 1.0 is a setting of a renoising model's sampler"):
         llada.generate([[5, 6]], {"t_max": 1.0})
     with pytest.raises(UnmaskError, match="reproduces DiffusionGemma's generate"):
         llada.generate([[5, 6]], {"compat": "diffusion-gemma"})
-    with pytest.raises(UnmaskError, match="request engine .* does not run it yet"):
-        dg.engine()
+    with pytest.raises(UnmaskError, match="runs as its own batch"):
+        dg.engine().add_request([5, 6], GenerationParams(compat="diffusion-gemma"))
+
+
+ENGINE_REQUESTS = [  # (prompt, settings): each alone is transformers' generate of that prompt
+    ([5, 6, 7, 8, 9], {"seed": 0, "gen_length": 32}),
+    ([11, 12], {"seed": 3, "gen_length": 48, "gamma": 0.5, "max_denoising_steps": 10}),
+    ([13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24], {"seed": 1, "gen_length": 32, "stability_threshold": 2,
+                                                        "confidence_threshold": 0.5, "t_max": 1.2, "t_min": 0.3}),
+    ([30, 31, 32], {"seed": 4, "gen_length": 16, "stability_threshold": 0, "confidence_threshold": 2.0,
+                    "gamma": 3.0}),
+]
+
+
+@pytest.fixture(scope="module")
+def alone(ref):
+    """Each engine request's output decoded alone by the reference."""
+    out = []
+    for prompt, kw in ENGINE_REQUESTS:
+        settings = {k: v for k, v in kw.items() if k not in ("seed", "gen_length")}
+        rows, nfe = _reference(ref, [prompt], kw["seed"], kw["gen_length"], **settings)
+        out.append((rows[0][: kw["gen_length"]], nfe[0]))
+    return out
+
+
+@pytest.mark.parametrize("start_at,budget", [((0, 0, 0, 0), 16384), ((0, 3, 5, 9), 16384), ((0, 0, 2, 2), 30)])
+def test_engine_requests_equal_the_reference_alone(dg, alone, start_at, budget):
+    """Continuous batching (requests joining at different steps, a token budget that runs one
+    row per step): each seeded request's answer is the reference's for its prompt alone,
+    token for token and forward for forward; the stream is its committed text, canvas by canvas."""
+    from unmask.engine import EngineConfig
+
+    engine = dg.engine(EngineConfig(max_num_batched_tokens=budget, trace_limit=None))
+    reqs = {}
+    step, streamed = 0, {i: [] for i in range(len(ENGINE_REQUESTS))}
+    while len(reqs) < len(ENGINE_REQUESTS) or engine.has_unfinished():
+        for i, (prompt, kw) in enumerate(ENGINE_REQUESTS):
+            if start_at[i] == step:
+                reqs[i] = engine.add_request(prompt, dg.default_params(**kw), request_id=f"r{i}")
+        for o in engine.step():
+            i = int(o.request.id[1:])
+            assert o.new_ids == [] or len(streamed[i]) % 16 == 0  # text arrives a whole canvas at a time
+            streamed[i] += o.new_ids
+        step += 1
+        assert step < 2000
+    for i, req in reqs.items():
+        want, nfe = alone[i]
+        assert req.canvas == want and req.nfe == nfe
+        assert streamed[i] == dg.result_of(req.canvas, req.nfe, req.commits, 0.0).token_ids
+    assert engine.num_running == 0 and engine.kv.batch == 0
+    if budget < 32:  # one canvas row per step
+        assert max(r.rows for r in engine.trace if r.kind == "full") == 1
+
+
+def test_engine_abort_frees_the_row(dg, alone):
+    engine = dg.engine()
+    reqs = [engine.add_request(p, dg.default_params(**kw), request_id=f"r{i}") for i, (p, kw) in
+            enumerate(ENGINE_REQUESTS)]
+    for _ in range(3):
+        engine.step()
+    assert engine.abort("r1") and not engine.abort("r1")
+    while engine.has_unfinished():
+        engine.step()
+    assert reqs[1].finish_reason == "abort"
+    assert reqs[0].canvas == alone[0][0] and reqs[2].canvas == alone[2][0]
+    assert engine.num_running == 0 and engine.kv.batch == 0 and engine.sc is None  # nothing held
+
+
+def test_unseeded_requests_follow_the_global_generator(dg):
+    p = dg.default_params(gen_length=16, max_denoising_steps=5)
+    torch.manual_seed(7)
+    a = dg.generate([[5, 6], [7, 8, 9]], p)
+    torch.manual_seed(7)
+    b = dg.generate([[5, 6], [7, 8, 9]], p)
+    assert [r.raw_ids for r in a.results] == [r.raw_ids for r in b.results]
+
+
+def test_served_stream_is_committed_canvas_by_canvas(dg):
+    openai = pytest.importorskip("openai")
+    from test_server import Server
+
+    s = Server(dg, served_model_name="dg")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        kw = {"seed": 3, "max_denoising_steps": 8}
+        full = c.completions.create(model="dg", prompt="w1 w2 3", max_tokens=40, extra_body=kw)
+        chunks = [ch.choices[0].text for ch in c.completions.create(model="dg", prompt="w1 w2 3", max_tokens=40,
+                                                                     stream=True, extra_body=kw) if ch.choices]
+        want = dg.generate(["w1 w2 3"], dg.default_params(gen_length=40, **kw), chat=False).results[0]
+        assert full.choices[0].text == "".join(chunks) == want.text
+        # at most one text chunk per finished canvas (a canvas of ids outside the tiny vocabulary decodes to "")
+        assert 1 < sum(bool(t) for t in chunks) <= -(-len(want.token_ids) // 16)
+        assert full.usage.model_extra["nfe"] == want.nfe
+        r = __import__("httpx").post(s.url + "/v1/completions", json={"prompt": "w1", "cache": "dual"})
+        assert r.status_code == 400 and "does not support cache 'dual'" in r.json()["error"]["message"]
+        events = []
+        with __import__("httpx").stream("POST", s.url + "/playground/stream", timeout=60,
+                                        json={"prompt": "w1 w2", "max_tokens": 32, "seed": 1}) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+        states = {c["state"] for e in events if e["type"] == "step" for c in e["cells"]}
+        assert {"stable", "renoised", "committed"} <= states and events[-1]["type"] == "done"
+    finally:
+        s.stop()
 
 
 def _copy(dg_dir, tmp_path):

@@ -20,7 +20,7 @@ from functools import lru_cache
 from unmask.cache import CACHES
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig
-from unmask.params import PARAM_FIELDS, SHAPE, GenerationParams
+from unmask.params import PARAM_FIELDS, RENOISE_COMPAT, RENOISE_KNOBS, SHAPE, GenerationParams
 
 AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop")  # what an autoregressive model honours
 _REFERENCE = GenerationParams()
@@ -31,6 +31,19 @@ _KIND_TEXT = {"full": "this model attends over the whole canvas",
 _SUITS_TEXT = {("block",): "is exact only for block-diffusion models (config bd_size)",
                ("full",): "approximates a full-attention model's K/V",
                ("causal",): "is a causal model's exact KV cache (the AR twin's)"}
+
+
+def _accept_renoising(params: GenerationParams, arch: ArchConfig, engine: bool) -> GenerationParams:
+    """A renoising model (DiffusionGemma) runs its own sampler, natively (the engine) or as its
+    reference's batch (compat diffusion-gemma): the same settings, checked by that mode, its
+    defaults filled in; masked-diffusion settings are refused by name."""
+    if params.compat not in (None, RENOISE_COMPAT):
+        raise UnmaskError(f"compat {params.compat!r} reproduces a masked diffusion sampler; this {arch.family} model "
+                          f"is a renoising model (its own sampler, or compat {RENOISE_COMPAT!r})", param="compat")
+    if engine and params.compat is not None:
+        raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
+    checked = replace(params, compat=RENOISE_COMPAT).check()
+    return replace(checked, compat=params.compat)
 
 
 def model_kind(arch: ArchConfig) -> str:
@@ -59,9 +72,15 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
             raise UnmaskError(f"{', '.join(wrong)}: not used by an autoregressive model (it decodes one token per "
                               f"forward with its KV cache); it takes {', '.join(AR_FIELDS)}", param=wrong[0])
         return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
-    if arch.canvas_length and params.compat != "diffusion-gemma":
-        raise UnmaskError(f"this {arch.family} model is a renoising model: it decodes with compat 'diffusion-gemma' "
-                          "(its own sampler; the request engine does not run renoising models yet)", param="compat")
+    if arch.canvas_length:
+        return _accept_renoising(params, arch, engine)
+    if params.compat == RENOISE_COMPAT:
+        raise UnmaskError(f"compat {RENOISE_COMPAT!r} reproduces DiffusionGemma's generate; this is a {arch.family} "
+                          "model", param="compat")
+    for name in RENOISE_KNOBS:
+        if getattr(params, name) is not None:
+            raise UnmaskError(f"{name} {getattr(params, name)} is a setting of a renoising model's sampler "
+                              f"(DiffusionGemma); this {arch.family} model is a masked diffusion model", param=name)
     if engine and params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
     p = params.check(arch.block_size)

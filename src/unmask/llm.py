@@ -13,6 +13,7 @@ from pathlib import Path
 
 from unmask.accept import accept
 from unmask.engine import Engine, EngineConfig
+from unmask.engine.renoise import RenoiseEngine
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
@@ -22,6 +23,7 @@ from unmask.models.loader import load_model, read_json
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
+from unmask.reference.modes import get_mode
 from unmask.reference import run_reference
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
@@ -83,16 +85,21 @@ class LLM:
     def default_params(self, **given) -> GenerationParams:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
         defaults (not for an autoregressive model). What `generate` uses when given no parameters."""
-        given = self.implied(given)
-        params = resolve_params(given, self.generation_defaults, fast=not self.arch.causal,
-                                block_size=self.arch.block_size)
-        return self.accept(params, given)
+        return self.accept(self.resolve(given), given)
 
-    def implied(self, given: dict) -> dict:
-        """The fields a caller gave, with what this model implies: a renoising model decodes with
-        its own sampler (compat diffusion-gemma; the request engine does not run it yet)."""
-        given = {k: v for k, v in given.items() if v is not None}
-        return {"compat": RENOISE_COMPAT, **given} if self.arch.canvas_length else given
+    def resolve(self, given: dict, fast: bool = True) -> GenerationParams:
+        """Checked (not yet accepted) parameters from the fields a caller gave, this model's
+        generation defaults and, with `fast` (not for an autoregressive or renoising model),
+        unmask's fast defaults. A renoising model's sampler settings come from its checkpoint."""
+        keys = get_mode(RENOISE_COMPAT).model_keys if self.arch.canvas_length else ()
+        if keys:  # its sampler is the entropy bound; masked samplers' references do not apply
+            given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
+            if given.get("compat", RENOISE_COMPAT) != RENOISE_COMPAT:
+                raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
+                                  f"{self.arch.family} model is a renoising model (its own sampler, or compat "
+                                  f"{RENOISE_COMPAT!r})", param="compat")
+        return resolve_params(given, self.generation_defaults, fast and not self.arch.causal and not keys,
+                              block_size=self.arch.block_size, model_keys=keys)
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:
         """`params` as this model runs them (unmask.accept), or an UnmaskError naming the problem."""
@@ -129,10 +136,8 @@ class LLM:
 
     def engine(self, config: EngineConfig | None = None) -> Engine:
         """A request-level engine over this model (continuous batching; see unmask.engine)."""
-        if self.arch.canvas_length:
-            raise UnmaskError(f"this {self.arch.family} model is a renoising model: the request engine (unmask serve, "
-                              "LLM.engine) does not run it yet; LLM.generate and unmask generate decode it with "
-                              "compat 'diffusion-gemma'")
+        if self.arch.canvas_length:  # a renoising model: its rows are canvases of random tokens
+            return RenoiseEngine(self.model, self.token_ids, config)
         return Engine(self.model, self.token_ids, config)
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:

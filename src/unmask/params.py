@@ -159,9 +159,9 @@ class GenerationParams:
         if p.alg is not None and p.compat != "dream":
             raise UnmaskError(f"alg {p.alg!r} is a Dream algorithm; use it with compat 'dream'")
         for name in RENOISE_KNOBS:
-            if getattr(p, name) is not None and p.compat != "diffusion-gemma":
-                raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler; use it with "
-                                  "compat 'diffusion-gemma' (a DiffusionGemma model)", param=name)
+            if getattr(p, name) is not None and p.compat not in (None, RENOISE_COMPAT):
+                raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler, not of "
+                                  f"compat {p.compat!r}", param=name)
         if p.compat is not None:
             get_mode(p.compat).check(p)
         return p
@@ -297,11 +297,12 @@ def implied_policy(given: dict) -> str | None:
 
 
 def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool = True,
-                   block_size: int = 0) -> GenerationParams:
+                   block_size: int = 0, model_keys: tuple[str, ...] = ()) -> GenerationParams:
     """Checked GenerationParams from what the caller gave (None = not given), the model's
     generation defaults, and, when `fast`, unmask's fast defaults. A compat mode takes only the
     shape from the model (its reference defines the rest); so does `fast=False` (evaluation).
-    `block_size`: the model's attention block, for a block-diffusion model."""
+    `block_size`: the model's attention block, for a block-diffusion model. `model_keys`: fields
+    always taken from the model's defaults (a renoising model's sampler settings)."""
     given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(PARAM_FIELDS))
     if unknown:
@@ -310,7 +311,8 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
     model_defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULT_KEYS}
     values = canvas_shape(model_defaults, given, block_size)
     if "compat" in given:  # a reference's own settings may come from the checkpoint (DiffusionGemma's sampler)
-        values.update({k: v for k, v in model_defaults.items() if k in get_mode(given["compat"]).model_keys})
+        model_keys = model_keys + get_mode(given["compat"]).model_keys
+    values.update({k: v for k, v in model_defaults.items() if k in model_keys})
     if fast and "compat" not in given:
         decoding = {**FAST, **{k: v for k, v in model_defaults.items() if k not in SHAPE}}
         if "policy" not in given:

@@ -129,9 +129,8 @@ def load_for_eval(a: argparse.Namespace):
 def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
     """The decoding parameters for this model, accepted for it (unmask.accept: the flags given are
     what it checks an autoregressive model against)."""
-    given = llm.implied(given_params(a))
-    params = resolve_params(given, llm.generation_defaults, fast and not llm.arch.causal, llm.arch.block_size)
-    return llm.accept(params, given)
+    given = given_params(a)
+    return llm.accept(llm.resolve(given, fast), given)
 
 
 FAST_TEXT = ("the checkpoint's generation_config.json, else unmask's fast defaults ("

@@ -78,3 +78,7 @@ class StepOutput:
     new_ids: list[int]  # the ids that extended the committed prefix in this step
     finished: bool
     canvas: list[int] | None = None  # watched requests: the answer region after this step (MASK = open)
+    # watched rows of a renoising model: each canvas position's state, "committed" (a finished
+    # canvas), or in the running canvas (whose argmax `canvas` shows) "stable" (argmax unchanged
+    # this step), "accepted" (changed, and accepted by the sampler) or "renoised" (changed, renoised)
+    states: list[str] | None = None

@@ -1,7 +1,7 @@
 """The playground: a page (GET /) and its per-step event stream (POST /playground/stream): after
 every step, the whole answer canvas with each position's state (masked, proposed this step,
-committed), the step count, NFE and tokens per forward; then the final text. Not an OpenAI
-endpoint."""
+committed; for a renoising model's running canvas, its argmax with stable, accepted or renoised),
+the step count, NFE and tokens per forward; then the final text. Not an OpenAI endpoint."""
 
 import uuid
 from pathlib import Path
@@ -48,8 +48,10 @@ def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationPara
                 step += 1
                 committed_total += item.request.commits[-1] if item.request.commits else 0
                 text.add(item.new_ids)
+                shown = (cells(item.canvas or [], item.request.proposal) if item.states is None else
+                         [{"state": st, "text": piece(t)} for t, st in zip(item.canvas, item.states)])
                 yield sse({"type": "step", "step": step, "nfe": item.request.nfe,
-                           "cells": cells(item.canvas or [], item.request.proposal), "committed": item.committed,
+                           "cells": shown, "committed": item.committed,
                            "tokens_per_forward": committed_total / step, "text": text.text})
                 if item.finished or text.finish_reason is not None:
                     done = True

@@ -2,11 +2,10 @@
 that holds a special token's literal text is refused by name (it would be read as that token),
 and the decoding fields go through the model's one definition of what it accepts."""
 
-from unmask.accept import accept
 from unmask.errors import UnmaskError
 from unmask.inputs import check_prompts
 from unmask.llm import LLM
-from unmask.params import GenerationParams, resolve_params
+from unmask.params import GenerationParams
 from unmask.server.openai import APIError
 
 
@@ -40,9 +39,7 @@ def params_for(llm: LLM, body, ids: list[int]) -> GenerationParams:
     fields = body.generation_fields()
     given = [k for k, v in fields.items() if v is not None]
     try:
-        params = resolve_params(fields, llm.generation_defaults, fast=not llm.arch.causal,
-                                block_size=llm.arch.block_size)
-        params = accept(params, llm.arch, given)
+        params = llm.accept(llm.resolve(fields), given)
         check_prompts([ids], params, llm.arch, llm.token_ids)
         body.stops()
     except UnmaskError as e:
