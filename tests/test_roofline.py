@@ -79,3 +79,23 @@ def test_moe_roofline_reads_the_experts_its_positions_choose(capsys):
     pred = json.loads(capsys.readouterr().out)
     steps = {(s["batch"], s["positions_per_request"]): s for s in pred["moe"]["steps"]}
     assert steps[(1, 32)]["experts_read_per_layer"] > 20 * steps[(1, 1)]["experts_read_per_layer"] / 2
+
+
+def test_renoising_roofline_counts_the_canvas(capsys):
+    """DiffusionGemma 26B-A4B: 25 B parameters, about 3.8 B active; a denoising step over a
+    256-position canvas reads nearly every expert, so fewer denoising steps per canvas mean more
+    tokens/s, and AR is matched at a stated step count."""
+    from unmask.bench.roofline import renoise_shape, renoise_table
+    from unmask.cli import main
+
+    arch = renoise_shape("diffusiongemma-26b-a4b")
+    assert 24.5e9 < arch.num_parameters() < 26e9 and 3.5e9 < arch.num_parameters(active=True) < 4.2e9
+    r = Roofline(PRESETS["h200"], ModelCost.from_arch(arch, 2.0))
+    t = renoise_table(r, arch, 512, steps=(8, 48), batches=(1,))
+    fast, slow = t["rows"]
+    assert fast["tokens_per_s"] > slow["tokens_per_s"] and fast["experts_read_per_layer"] > 120
+    assert 8 < t["break_even_steps"][1] < 48
+    assert main(["roofline", "--model", "diffusiongemma-26b-a4b", "--hardware", "h200", "--batches", "1,8",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["canvas"] == 256 and {row["batch"] for row in out["rows"]} == {1, 8}

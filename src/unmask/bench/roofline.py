@@ -78,8 +78,10 @@ class ModelCost:
     @classmethod
     def from_arch(cls, arch, bytes_per_param: float = 2.0, attention: bool = False) -> "ModelCost":
         n = arch.num_parameters(embeddings=True)
-        # the input embedding is a lookup: it is read but costs no FLOPs
-        flops = 2 * (arch.num_parameters(embeddings=True, active=True) - arch.vocab_size * arch.hidden_size)
+        # the input embedding is a lookup: it is read but costs no FLOPs (a tied head still multiplies)
+        flops = 2 * arch.num_parameters(embeddings=True, active=True)
+        if not arch.tie_embeddings:
+            flops -= 2 * arch.vocab_size * arch.hidden_size
         kw = {}
         if attention:
             kw = dict(num_layers=arch.num_layers, kv_dim=arch.num_kv_heads * arch.head_dim,
@@ -245,7 +247,75 @@ def moe_shape(name: str):
                       rotary_dim=64, block_size=32, moe=moe)
 
 
+def renoise_shape(name: str):
+    """DiffusionGemma 26B-A4B: the Gemma 4 26B-A4B text stack (its published config: 30 layers of
+    hidden 2816, 16 heads, 8 key/value heads of 256 on sliding layers and 2 of 512 on every sixth
+    (full) layer, window 1024, dense MLP 2112 beside 128 experts of 704, top 8, vocabulary 262144)."""
+    from unmask.models.diffusion_gemma import diffusion_gemma_arch
+
+    assert name == "diffusiongemma-26b-a4b"
+    return diffusion_gemma_arch({"canvas_length": 256, "text_config": {
+        "vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512,
+        "num_global_key_value_heads": 2, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
+        "sliding_window": 1024, "max_position_embeddings": 262144}})
+
+
 MOE_SHAPES = ("llada2-mini", "llada2-flash")
+RENOISE_SHAPES = ("diffusiongemma-26b-a4b",)
+
+
+def renoise_table(r: Roofline, arch, prompt: int, steps=(4, 8, 16, 24, 32, 48), batches=(1, 8, 64)) -> dict:
+    """A renoising model (DiffusionGemma): per canvas of L positions, one encoder pass over the new
+    tokens (the previous canvas) and S denoising steps over the canvas, each reading the experts
+    its b*L positions touch and computing, per position, the active parameters plus the
+    self-conditioning's soft embedding (2 V d); tau = L / S. Beside it, the same weights decoding
+    one token per forward (AR). Context attention only with --attention."""
+    L = arch.canvas_length
+    soft = 2 * arch.vocab_size * arch.hidden_size  # softmax(previous logits) @ embedding, per position
+    out = []
+    for b in batches:
+        ctx = prompt + L if r.model.num_layers else 0
+        enc = r.step(b * L, ctx, b)
+        m = r.model
+        den = max(m.read_bytes(b * L) / r.hw.bandwidth + (b * ctx * m.num_layers * 2 * m.kv_dim
+                                                           * m.kv_bytes_per_element / r.hw.bandwidth if ctx else 0),
+                  (b * L * (m.flops_per_position + soft)
+                   + (b * L * m.num_layers * 4 * ctx * m.q_dim if ctx else 0)) / r.hw.peak_flops)
+        ar = r.step(b, ctx, b)
+        for s in steps:
+            canvas = enc + s * den
+            out.append({"batch": b, "steps_per_canvas": s, "tau": L / s, "encoder_ms": 1e3 * enc,
+                        "denoise_step_ms": 1e3 * den, "experts_read_per_layer": m.distinct_experts(b * L),
+                        "canvas_ms": 1e3 * canvas, "tokens_per_s": b * L / canvas, "ar_tokens_per_s": b / ar})
+    return {"canvas": L, "prompt": prompt, "rows": out,
+            "break_even_steps": {b: _break_even(r, arch, b, prompt, soft) for b in batches}}
+
+
+def _break_even(r: Roofline, arch, b: int, prompt: int, soft: float) -> float:
+    """Denoising steps per canvas at which the renoising model's tokens/s equals AR's."""
+    L = arch.canvas_length
+    ctx = prompt + L if r.model.num_layers else 0
+    m = r.model
+    enc = r.step(b * L, ctx, b)
+    den = max(m.read_bytes(b * L) / r.hw.bandwidth, b * L * (m.flops_per_position + soft) / r.hw.peak_flops)
+    ar_canvas = L * r.step(b, ctx, b)  # seconds for AR to write L tokens per row
+    return (ar_canvas - enc) / den
+
+
+def format_renoise(p: dict, hw: Hardware, weight_bytes: float) -> str:
+    lines = [f"hardware: {hw.name} ({hw.bandwidth / 1e9:.0f} GB/s, {hw.peak_flops / 1e12:.2f} TFLOP/s); weights "
+             f"{weight_bytes / 1e9:.3g} GB; canvas {p['canvas']}, prompt {p['prompt']} (uniform routing: experts "
+             "read are an upper side)",
+             f"  {'batch':>5} {'steps':>5} {'tau':>6} {'enc ms':>8} {'step ms':>8} {'experts/layer':>13} "
+             f"{'canvas ms':>10} {'tok/s':>9} {'AR tok/s':>9}"]
+    for row in p["rows"]:
+        lines.append(f"  {row['batch']:5d} {row['steps_per_canvas']:5d} {row['tau']:6.1f} {row['encoder_ms']:8.2f} "
+                     f"{row['denoise_step_ms']:8.2f} {row['experts_read_per_layer']:13.1f} {row['canvas_ms']:10.1f} "
+                     f"{row['tokens_per_s']:9.0f} {row['ar_tokens_per_s']:9.0f}")
+    for b, s in p["break_even_steps"].items():
+        lines.append(f"  batch {b}: renoising matches AR at {s:.1f} denoising steps per canvas (fewer: faster)")
+    return "\n".join(lines)
 
 
 def moe_table(r: Roofline, context: int, blocks=(1, 4, 8, 16, 32, 64), batches=(1, 8, 64)) -> list[dict]:

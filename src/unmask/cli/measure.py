@@ -154,10 +154,18 @@ def cmd_roofline(a: argparse.Namespace) -> int:
 
         if a.model in rl.MOE_SHAPES:
             arch = rl.moe_shape(a.model)
+        elif a.model in rl.RENOISE_SHAPES:
+            arch = rl.renoise_shape(a.model)
         else:
             cfg = read_json(resolve_model_path(a.model) / "config.json")
             arch = resolve_family(cfg).arch(cfg)
     model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention)
+    if arch is not None and arch.canvas_length:  # a renoising model: its cost per canvas
+        if a.plot:
+            raise UnmaskError("--plot draws AR against masked diffusion; a renoising model prints its table")
+        table = rl.renoise_table(model, arch, a.prompt, batches=batches)
+        print(json.dumps(table) if a.json else rl.format_renoise(table, model.hw, model.model.weight_bytes))
+        return 0
     pred = rl.predict(model, a.prompt, a.gen, a.tau, a.block, batches)
     if a.plot:
         rl.plot_prediction(model, pred, a.plot)
@@ -208,7 +216,7 @@ def add_parsers(sub) -> dict:
     r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
     r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
     r.add_argument("--model", default=None, help="checkpoint folder, 'default' for the model's size, or a published "
-                   "mixture-of-experts shape: llada2-mini, llada2-flash")
+                   "mixture-of-experts shape: llada2-mini, llada2-flash, diffusiongemma-26b-a4b")
     r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
     r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
     r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")

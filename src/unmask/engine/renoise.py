@@ -39,7 +39,7 @@ from unmask.engine.scheduler import Scheduler
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
 from unmask.params import GenerationParams
-from unmask.reference.diffusion_gemma import categorical_entropy
+from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.trace import ForwardRecord
 
 _SETTINGS = ("t_min", "t_span", "max_denoising_steps", "gamma", "stability_threshold", "confidence_threshold")
@@ -185,9 +185,7 @@ class RenoiseEngine:
         sample = self._multinomial(rows, probs)
         new_argmax = processed.argmax(-1)
         entropy = categorical_entropy(processed)
-        sorted_h, order = torch.sort(entropy, dim=-1, descending=False)
-        keep = torch.cumsum(sorted_h, dim=-1) - sorted_h <= s["gamma"][:, None]
-        accepted = torch.scatter(torch.zeros_like(keep), -1, order, keep)
+        accepted = accept_mask(entropy, s["gamma"][:, None])
         noise = self._randint(rows)
         self.canvas[rows] = torch.where(accepted, sample, noise)
         # the playground's cell states: 2 stable (argmax unchanged), 1 accepted, 0 renoised

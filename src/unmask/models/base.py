@@ -94,6 +94,8 @@ class ArchConfig:
     def num_parameters(self, embeddings: bool = True, active: bool = False) -> int:
         """Parameters in total, or (`active`) those one token reads: with experts, the router,
         its top_k routed experts and the shared experts of each MoE layer."""
+        if hasattr(self.layout, "num_parameters"):  # a family whose layout ArchConfig does not describe
+            return self.layout.num_parameters(self, embeddings, active)
         d, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
         attn = d * self.num_heads * hd * 2 + d * self.num_kv_heads * hd * 2
         per_layer = attn + 2 * d + (2 * hd if self.qk_norm else 0)

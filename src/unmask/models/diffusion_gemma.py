@@ -58,6 +58,18 @@ class GemmaLayout:
     has_vision: bool  # the folder describes a vision tower (its weights are skipped)
     encoder_bidirectional: bool = False  # use_bidirectional_attention "all" (refused: not the release)
 
+    def num_parameters(self, c: ArchConfig, embeddings: bool = True, active: bool = False) -> int:
+        """Parameters of the shared stack (the encoder and the denoiser run the same weights), the
+        self-conditioning block, and the tied embedding once; `active`: top_k experts per layer."""
+        d, m = c.hidden_size, c.moe
+        total = d + 3 * d * c.intermediate_size + d  # final norm, self-conditioning (its pre norm)
+        for sliding in self.sliding:
+            hd, kv = (c.head_dim, c.num_kv_heads) if sliding else (self.full_head_dim, self.full_kv_heads)
+            total += 2 * d * c.num_heads * hd + d * kv * hd * (2 if sliding else 1) + 2 * hd  # q o, k (v), norms
+            total += 7 * d + 3 * d * c.intermediate_size + d * m.num_experts + d + m.num_experts  # norms, MLP, router
+            total += (m.top_k if active else m.num_experts) * 3 * d * m.expert_size
+        return total + (c.vocab_size * d if embeddings else 0)
+
 
 def diffusion_gemma_arch(cfg: dict) -> ArchConfig:
     tc = cfg.get("text_config")

@@ -33,22 +33,8 @@ from unmask.models.base import TokenIds
 from unmask.cache.renoise_kv import RenoiseKV
 from unmask.models.diffusion_gemma import DiffusionGemmaModel
 from unmask.params import GenerationParams
+from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.trace import Decoded, ForwardRecord
-
-
-def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """torch.distributions.Categorical(logits=...).entropy(), the same operations."""
-    lg = logits - logits.logsumexp(dim=-1, keepdim=True)
-    p = torch.softmax(lg, dim=-1)
-    return -(torch.clamp(lg, min=torch.finfo(lg.dtype).min) * p).sum(-1)
-
-
-def accept_mask(entropy: torch.Tensor, bound: float) -> torch.Tensor:
-    """Entropy-bound acceptance: (B, L) entropies -> (B, L) accepted positions, the lowest
-    entropies first while cumsum(sorted H) - H <= bound (at least the lowest one)."""
-    sorted_h, order = torch.sort(entropy, dim=-1, descending=False)
-    keep = torch.cumsum(sorted_h, dim=-1) - sorted_h <= bound
-    return torch.scatter(torch.zeros_like(keep), -1, order, keep)
 
 
 def temperature(p: GenerationParams, cur_step: int) -> torch.Tensor:
