@@ -253,6 +253,7 @@ def renoise_defaults(g: dict) -> dict:
     gen_length, sampler_config.entropy_bound gamma, the rest by their own names (null: not set)."""
     out = {k: g[k] for k in RENOISE_KNOBS if g.get(k) is not None}
     out["gen_length"] = g.get("max_new_tokens") or get_mode(RENOISE_COMPAT).DEFAULTS["gen_length"]
+    out["block_length"] = out["gen_length"]  # no masked blocks: the canvas is the model's
     sampler = g.get("sampler_config")
     if isinstance(sampler, dict) and sampler.get("entropy_bound") is not None:
         out["gamma"] = sampler["entropy_bound"]

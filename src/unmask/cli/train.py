@@ -7,7 +7,8 @@ from unmask.cli.common import parse_tasks
 
 TRAIN_FLAGS = (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), ("gen-length", int), ("batch", int),
                ("lr", float), ("warmup", int), ("seed", int), ("eval-every", int), ("eval-n", int),
-               ("logit-shift", int), ("block-length", int), ("edit-noise", float), ("edit-weight", float))
+               ("logit-shift", int), ("block-length", int), ("edit-noise", float), ("edit-weight", float),
+               ("experts", int), ("top-k", int), ("expert-size", int), ("self-cond", float))
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -31,7 +32,9 @@ def add_parsers(sub) -> dict:
                    help="write into --out even if it holds another run or other files")
     t.add_argument("--until", type=int, default=None,
                    help="stop after this step with a checkpoint (continue later with --resume)")
-    t.add_argument("--kind", default="diffusion", help="diffusion (LLaDA objective), block (block diffusion, blocks of --block-length) or ar")
+    t.add_argument("--kind", default="diffusion", help="diffusion (LLaDA objective), block (block diffusion, blocks of "
+                   "--block-length), renoise (DiffusionGemma's layout: uniform-token corruption with self-conditioning; "
+                   "--experts, --top-k, --expert-size, --self-cond) or ar")
     t.add_argument("--steps", type=int, default=None, help="optimizer steps in total")
     t.add_argument("--tasks", default=None, help="comma-separated task mixture, task or task=weight")
     t.add_argument("--init-from", default=None, help="start from this model or run folder's weights")

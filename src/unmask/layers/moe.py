@@ -93,8 +93,10 @@ def route(logits: torch.Tensor, c: MoEConfig, bias: torch.Tensor | None) -> tupl
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x (N, in) sorted by expert, w (E, out, in) -> (N, out): each expert's rows times its weight."""
-    if _GROUPED.get((x.device.type, x.dtype), True):
+    """x (N, in) sorted by expert, w (E, out, in) -> (N, out): each expert's rows times its weight.
+    With gradients (training) the per-expert loop: grouped_mm has no CPU backward."""
+    training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    if not training and _GROUPED.get((x.device.type, x.dtype), True):
         try:
             return F.grouped_mm(x, w.transpose(1, 2), offs=offs)
         except (RuntimeError, NotImplementedError, ValueError, TypeError):  # a device or dtype it lacks: fall back, remember

@@ -393,7 +393,6 @@ class DiffusionGemmaModel(nn.Module):
         e = self.model.decoder.embed_tokens
         return e(ids) * torch.tensor(self.config.hidden_size ** 0.5, dtype=e.weight.dtype)
 
-    @torch.no_grad()
     def encode(self, ids: torch.Tensor, positions: torch.Tensor, kv) -> None:
         """Write ids (B, n) at positions (B, n) into `kv` (unmask.cache.renoise_kv.RenoiseKV, in
         its `writing` context), causally: each layer asks kv.encoder_keys for the keys and mask."""
@@ -407,7 +406,6 @@ class DiffusionGemmaModel(nn.Module):
 
             x = layer(x, ropes[layer.sliding], attend, enc.layers[i].layer_scalar)
 
-    @torch.no_grad()
     def denoise(self, canvas: torch.Tensor, positions: torch.Tensor, kv, sc_logits: torch.Tensor | None,
                 sc_rows: torch.Tensor | None = None) -> torch.Tensor:
         """canvas (B, L) at positions (B, L) after each row's slots -> logits (B, L, V) float32,

@@ -15,6 +15,7 @@ from unmask.loading import resolve_model_path
 from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_model
 from unmask.progress import Progress
+from unmask.train import renoise
 from unmask.train.data import TaskSampler, build_tokenizer, make_batches
 from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token_ids, train_step
 
@@ -30,7 +31,10 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     llm = LLM.from_parts(model, Tokenizer(tok, {}, None), token_ids(tok))
     g = cfg.gen_length
     block = cfg.block_length if cfg.kind == "block" else g
-    params = GenerationParams(gen_length=g, block_length=block, steps=g)  # one token per step
+    if cfg.kind == "renoise":  # its own sampler, at most one step per canvas position, seeded
+        params = GenerationParams(gen_length=g, block_length=g, max_denoising_steps=g, seed=0)
+    else:
+        params = GenerationParams(gen_length=g, block_length=block, steps=g)  # one token per step
     model.eval()
     res = evaluate(llm, tuple(sorted(cfg.tasks)), cfg.eval_n, params, batch_size=cfg.eval_n)
     model.train()
@@ -83,16 +87,22 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     state_path = out / STATE
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer()
-    model = LLaDAModel(arch_for(cfg, tok.get_vocab_size())).train()
-    with torch.no_grad():  # LLaDA-style small init
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.02)
+    if cfg.kind == "renoise":
+        model = renoise.build(cfg, tok.get_vocab_size(), token_ids(tok))
+    else:
+        model = LLaDAModel(arch_for(cfg, tok.get_vocab_size())).train()
+        with torch.no_grad():  # LLaDA-style small init
+            for name, p in model.named_parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.02)
     if cfg.init_from is not None and not resume:
         init = resolve_model_path(cfg.init_from)  # a run folder, a model folder, or an embedded model's name
         src, _ = load_model(init / "model" if (init / "model").exists() else init)
         try:
-            model.load_state_dict(src.state_dict())
+            if cfg.kind == "renoise":
+                renoise.init_from_llada(model, src)
+            else:
+                model.load_state_dict(src.state_dict())
         except RuntimeError:
             raise UnmaskError(f"--init-from {cfg.init_from}: its weights do not fit this model's size "
                               f"(layers {cfg.layers}, d_model {cfg.d_model}, heads {cfg.heads}, mlp {cfg.mlp})") from None
@@ -116,7 +126,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
                 "history": history, "final": final}
         g = cfg.gen_length
         block = cfg.block_length if cfg.kind == "block" else g
-        save_model(model, tok, out / "model", {"gen_length": g, "block_length": block, "steps": g}, meta)
+        if cfg.kind == "renoise":
+            renoise.save(model, tok, out / "model", cfg, token_ids(tok), meta)
+        else:
+            save_model(model, tok, out / "model", {"gen_length": g, "block_length": block, "steps": g}, meta)
         torch.save({"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "sampler": sampler.state(), "generator": gen.get_state(), "step": step,
                     "history": history, "elapsed": elapsed + time.time() - t0, "smooth": smooth}, out / (STATE + ".tmp"))

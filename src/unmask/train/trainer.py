@@ -29,7 +29,7 @@ DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
 @dataclass
 class TrainConfig:
-    kind: str = "diffusion"  # "diffusion" | "ar" | "block"
+    kind: str = "diffusion"  # "diffusion" | "ar" | "block" | "renoise"
     layers: int = 4
     d_model: int = 256
     heads: int = 4
@@ -60,16 +60,27 @@ class TrainConfig:
     # the clean token: keep a right one, repair a wrong one), weight `edit_weight`. 0 = off.
     edit_noise: float = 0.0
     edit_weight: float = 1.0
+    # renoise only (unmask.train.renoise): DiffusionGemma's layout, its experts beside the dense
+    # MLP, and the share of rows trained with a self-conditioning signal
+    experts: int = 4
+    top_k: int = 1
+    expert_size: int = 32
+    self_cond: float = 0.5
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
 
-        if self.kind not in ("diffusion", "ar", "block"):
-            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion, block or ar")
+        if self.kind not in ("diffusion", "ar", "block", "renoise"):
+            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion, block, renoise or ar")
+        if self.kind == "renoise" and self.logit_shift:
+            raise UnmaskError("logit_shift 1: a renoising model scores each canvas position's own token")
+        if not 0 <= self.self_cond <= 1 or self.top_k > self.experts:
+            raise UnmaskError(f"self_cond {self.self_cond!r} must be in [0, 1] and top_k {self.top_k} at most "
+                              f"experts {self.experts}")
         if self.kind == "block":
             self.logit_shift = 1  # token shift: the first token of a block is predicted by the last of the previous one
         for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps", "eval_every", "eval_n",
-                     "block_length"):
+                     "block_length", "experts", "top_k", "expert_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
@@ -261,7 +272,7 @@ def ar_targets(b: Batch) -> int:
 def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator) -> float:
     """Forward and backward over a batch split into length groups; gradients accumulate to exactly
     those of the whole batch's mean loss. Returns that loss."""
-    if cfg.kind == "diffusion":
+    if cfg.kind in ("diffusion", "renoise"):
         rows = sum(b.ids.shape[0] for b in batches)
         t = noise_levels(rows, cfg.eps, gen)
         denom = rows * cfg.gen_length
@@ -274,6 +285,10 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
             loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen) / denom
+        elif cfg.kind == "renoise":
+            from unmask.train.renoise import renoise_loss
+
+            loss = renoise_loss(model, b, t[r : r + n], cfg.self_cond, gen) / denom
         elif cfg.kind == "block":
             loss = block_loss(model, b, mask_id, cfg.eps, gen, cfg.edit_noise, cfg.edit_weight) / denom
         else:
