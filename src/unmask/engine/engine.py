@@ -26,17 +26,15 @@ from collections import deque
 
 import torch
 
-from unmask.accept import accept
 from unmask.cache.base import Plan
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
+from unmask.engine.front import RequestFront
 from unmask.engine.parts import DecodeParts, build_parts
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
 from unmask.engine.rows import RowState
 from unmask.engine.runner import ModelRunner
-from unmask.engine.scheduler import Scheduler
 from unmask.engine.work import StepWork
-from unmask.errors import UnmaskError
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams, setting_key
 from unmask.sampler.stops import first_stop_index
@@ -45,27 +43,22 @@ from unmask.trace import ForwardRecord
 __all__ = ["Engine", "EngineConfig", "ForwardRecord", "Request", "Status", "StepOutput"]
 
 
-class Engine:
+class Engine(RequestFront):
     def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None) -> None:
+        super().__init__(model.config, next(model.parameters()).device, config)
         self.model, self.tokens = model, tokens
-        self.arch = model.config
         # hidden j scores token j + shift: Dream and the AR twin shift by one
         self.shift = 1 if self.arch.causal else self.arch.logit_shift
         self.align = self.arch.block_size  # a block-diffusion model: its attention blocks are the decoding blocks
-        self.config = config or EngineConfig()
-        self.device = next(model.parameters()).device
         self.mask = tokens.mask
         self.stop_ids = torch.tensor(tokens.stop, device=self.device)
         self.rows = RowState(self.device, tokens.pad if tokens.pad is not None else tokens.eos)
-        self.scheduler = Scheduler(self.config)
-        self.requests: dict[str, Request] = {}
         self.settings: dict[tuple, int] = {}  # decoding setting -> id, while a running row uses it
         self.parts: dict[int, DecodeParts] = {}
-        self.generators: dict[str, torch.Generator] = {}
         self.trace: deque[ForwardRecord] = deque(maxlen=self.config.trace_limit)
         self.runner = ModelRunner(model, self.rows, self.shift)
         self.committer = Committer(self.rows, self.parts, self.mask, self.generators)
-        self._ids, self._setting_ids = itertools.count(), itertools.count()
+        self._setting_ids = itertools.count()
         self._watching = 0  # watched requests in the engine (their rows cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
 
@@ -75,16 +68,8 @@ class Engine:
         """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
         reference mode is refused). A watched request's StepOutputs carry its whole canvas and
         `Request.proposal` this step's proposals."""
-        params = accept(params, self.arch, engine=True)
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.requests:
-            raise UnmaskError(f"request id {rid!r} is in use")
-        req = Request(rid, list(prompt), params, build_parts(params, self.tokens), time.perf_counter(), watch=watch)
-        self.scheduler.add(req)
-        self.requests[rid] = req
+        req = self._new_request(prompt, params, request_id, watch, lambda p: build_parts(p, self.tokens))
         self._watching += watch
-        if params.seed is not None:
-            self.generators[rid] = torch.Generator(self.device).manual_seed(params.seed)
         return req
 
     def abort(self, request_id: str) -> bool:
@@ -102,27 +87,12 @@ class Engine:
         self._finish(req, Status.ABORTED, "abort", None)
         return True
 
-    def release(self, request_id: str) -> None:
-        """Forget a finished request (its record is kept until released)."""
-        req = self.requests.get(request_id)
-        if req is not None and req.done:
-            del self.requests[request_id]
-            self.generators.pop(request_id, None)
-
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.rows.n)
 
     @property
     def num_running(self) -> int:
         return self.rows.n
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def waiting(self):
-        return self.scheduler.waiting
 
     # --- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -197,6 +167,5 @@ class Engine:
         self._finish(req, Status.FINISHED, "stop" if stopped else "length", canvas)
 
     def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
-        req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()
-        req.canvas = canvas
+        super()._finish(req, status, reason, canvas)
         self._watching -= req.watch

@@ -26,17 +26,14 @@ order, so its output is what transformers' `generate` returns for that prompt al
 Each request's output depends on no other request (its own positions, its own cache rows).
 """
 
-import itertools
 import time
 from collections import deque
 
 import torch
 
-from unmask.accept import accept
 from unmask.cache.renoise_kv import RenoiseKV
+from unmask.engine.front import RequestFront
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
-from unmask.engine.scheduler import Scheduler
-from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.renoise import accept_mask, categorical_entropy
@@ -45,20 +42,14 @@ from unmask.trace import ForwardRecord
 _SETTINGS = ("t_min", "t_span", "max_denoising_steps", "gamma", "stability_threshold", "confidence_threshold")
 
 
-class RenoiseEngine:
+class RenoiseEngine(RequestFront):
     def __init__(self, model, tokens: TokenIds, config: EngineConfig | None = None) -> None:
+        super().__init__(model.config, next(model.parameters()).device, config)
         self.model, self.tokens = model, tokens
-        self.arch = model.config
         self.L, self.V = self.arch.canvas_length, self.arch.vocab_size
-        self.config = config or EngineConfig()
-        self.device = next(model.parameters()).device
         self.stop_ids = torch.tensor(tokens.stop, device=self.device)
         self.pad = tokens.pad if tokens.pad is not None else tokens.eos
-        self.scheduler = Scheduler(self.config)
-        self.requests: dict[str, Request] = {}
-        self.generators: dict[str, torch.Generator] = {}
         self.trace: deque[ForwardRecord] = deque(maxlen=self.config.trace_limit)
-        self._ids = itertools.count()
         lay = self.arch.layout
         self.kv = RenoiseKV(lay.sliding, lay.window, 0, self.device)
         self.reqs: list[Request] = []
@@ -79,16 +70,7 @@ class RenoiseEngine:
     # --- requests (as Engine) --------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
                     watch: bool = False) -> Request:
-        params = accept(params, self.arch, engine=True)
-        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.requests:
-            raise UnmaskError(f"request id {rid!r} is in use")
-        req = Request(rid, list(prompt), params, None, time.perf_counter(), watch=watch)
-        self.scheduler.add(req)
-        self.requests[rid] = req
-        if params.seed is not None:
-            self.generators[rid] = torch.Generator(self.device).manual_seed(params.seed)
-        return req
+        return self._new_request(prompt, params, request_id, watch, None)
 
     def abort(self, request_id: str) -> bool:
         req = self.requests.get(request_id)
@@ -103,26 +85,12 @@ class RenoiseEngine:
         self._finish(req, Status.ABORTED, "abort", None)
         return True
 
-    def release(self, request_id: str) -> None:
-        req = self.requests.get(request_id)
-        if req is not None and req.done:
-            del self.requests[request_id]
-            self.generators.pop(request_id, None)
-
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.reqs)
 
     @property
     def num_running(self) -> int:
         return len(self.reqs)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.scheduler.waiting)
-
-    @property
-    def waiting(self):
-        return self.scheduler.waiting
 
     # --- one step --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -335,10 +303,6 @@ class RenoiseEngine:
         kmax = int(self.set["stability_threshold"].max()) if idx else 0
         self.history = self.history[self.history.shape[0] - kmax:] if kmax else self.history[:0]
         self.kv.keep(rows)
-
-    def _finish(self, req: Request, status: Status, reason: str, answer: list[int] | None) -> None:
-        req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()
-        req.canvas = answer
 
 
 def _text(answer: list[int], stop: set) -> list[int]:

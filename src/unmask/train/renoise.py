@@ -19,18 +19,16 @@ the MLP, the pre-norms): a warm start, not the same function (Gemma's extra norm
 attention and GELU change it, and the masked model predicts with a token shift, this one without).
 """
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from unmask.cache.renoise_kv import RenoiseKV
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch
-from unmask.train.data import SPECIALS, Batch, save_tokenizer_files
+from unmask.train.data import SPECIALS, Batch
 
 WINDOW = 4096  # longer than any sequence of the task suite: the sliding layers attend fully
 
@@ -119,20 +117,8 @@ def renoise_loss(model: DiffusionGemmaModel, b: Batch, t: torch.Tensor, self_con
 
 
 def save(model: DiffusionGemmaModel, tok, folder: Path, cfg, ids: TokenIds, meta: dict) -> None:
-    """A checkpoint folder in DiffusionGemma's released layout (atomically: temp dir, then rename)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config_json(cfg, model.config.vocab_size, ids), indent=2))
-    gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos,
-           "max_new_tokens": cfg.gen_length}
-    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    (tmp / "training.json").write_text(json.dumps(meta, indent=2))
-    save_tokenizer_files(tok, tmp)
-    if folder.exists():
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-    tmp.rename(folder)
+    """A checkpoint folder in DiffusionGemma's released layout."""
+    from unmask.train.trainer import write_checkpoint
+
+    gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, "max_new_tokens": cfg.gen_length}
+    write_checkpoint(folder, model, config_json(cfg, model.config.vocab_size, ids), gen, meta, tok)

@@ -146,16 +146,23 @@ def token_ids(tok) -> TokenIds:
 
 
 def save_model(model: LLaDAModel, tok, folder: Path, gen_defaults: dict, meta: dict) -> None:
-    """Write a checkpoint folder in the released LLaDA layout (atomically: temp dir, then rename)."""
+    """Write a checkpoint folder in the released LLaDA layout."""
+    ids = token_ids(tok)
+    gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, **gen_defaults}
+    write_checkpoint(folder, model, llada_config_json(model.config, ids), gen, meta, tok)
+
+
+def write_checkpoint(folder: Path, model, config: dict, generation: dict, meta: dict, tok) -> None:
+    """A checkpoint folder: the model's state dict (its names are the release's), config.json,
+    generation_config.json, training.json and the tokenizer files, written atomically (a temp
+    folder, then a rename)."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    ids = token_ids(tok)
     state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(llada_config_json(model.config, ids), indent=2))
-    gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, **gen_defaults}
-    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
     (tmp / "training.json").write_text(json.dumps(meta, indent=2))
     save_tokenizer_files(tok, tmp)
     if folder.exists():
