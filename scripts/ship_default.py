@@ -3,11 +3,13 @@
     python scripts/ship_default.py [--n 200]          # default and default-ar
     python scripts/ship_default.py --block [--n 200]  # default-block, from runs/block
     python scripts/ship_default.py --edit [--n 200]   # default-edit, from runs/edit
+    python scripts/ship_default.py --renoise [--n 200]  # default-renoise, from runs/renoise
 
 Writes src/unmask/assets/{default,default-ar,default-block}/ (config, weights, tokenizer,
 generation defaults, training.json) and eval.json beside each: exact match and token accuracy per
 task on the first n held-out examples, one token per step in low-confidence order (the AR twin:
-greedy with its KV cache; the block model: its own blocks with its exact cache). The test suite
+greedy with its KV cache; the block model: its own blocks with its exact cache; the renoising
+model: its own sampler at its defaults, every request seeded 0). The test suite
 checks that the shipped models reproduce these numbers.
 """
 
@@ -57,8 +59,11 @@ def ship(run: Path, name: str, n: int) -> None:
     llm = LLM(dst)
     g = llm.generation_defaults["gen_length"]
     block = llm.arch.block_size or g
-    params = GenerationParams(gen_length=g, block_length=block, steps=g,
-                              cache="exact" if llm.arch.block_size else "none")
+    if llm.arch.canvas_length:  # a renoising model: its own sampler, seeded (deterministic, batch-invariant)
+        params = llm.default_params(seed=0)
+    else:
+        params = GenerationParams(gen_length=g, block_length=block, steps=g,
+                                  cache="exact" if llm.arch.block_size else "none")
     t0 = time.time()
     results = evaluate(llm, n=n, params=params, batch_size=100)
     table = {"n": n, "params": params.__dict__, "seconds": round(time.time() - t0, 1),
@@ -74,7 +79,11 @@ def main() -> None:
     ap.add_argument("--diffusion", default="reverse", help="the run of the last diffusion phase")
     ap.add_argument("--block", action="store_true", help="ship the block-diffusion model (runs/block) only")
     ap.add_argument("--edit", action="store_true", help="ship the editing block-diffusion model (runs/edit) only")
+    ap.add_argument("--renoise", action="store_true", help="ship the renoising model (runs/renoise) only")
     a = ap.parse_args()
+    if a.renoise:
+        ship(Path(a.runs) / "renoise", "default-renoise", a.n)
+        return
     if a.edit:
         ship(Path(a.runs) / "edit", "default-edit", a.n)
         return

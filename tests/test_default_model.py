@@ -142,3 +142,21 @@ def test_embedded_editing_model_reproduces_its_recorded_accuracy_and_edits():
                        GenerationParams(gen_length=g, block_length=8, policy="edit", threshold=0.3, edit_threshold=0.5,
                                         max_post_steps=2, cache="exact"), chat=False)
     assert sum(r.edits for r in out.results) > 0
+
+
+@pytest.mark.slow
+def test_embedded_renoising_model_reproduces_its_recorded_accuracy():
+    """default-renoise: DiffusionGemma's layout at the embedded model's scale, trained with
+    uniform-token corruption and self-conditioning; its own sampler at its defaults with every
+    request seeded is deterministic and batch-invariant, so the first held-out examples score as
+    recorded; its canvases stop early (adaptive stopping)."""
+    llm = LLM("default-renoise")
+    assert llm.config["model_type"] == "diffusion_gemma" and llm.arch.canvas_length == 24
+    meta = json.loads((llm.path / "training.json").read_text())
+    assert meta["config"]["kind"] == "renoise" and meta["final"]
+    recorded = json.loads((llm.path / "eval.json").read_text())
+    results = evaluate(llm, n=SAMPLE, params=llm.default_params(seed=0), batch_size=SAMPLE)
+    for r, rec in zip(results, recorded["results"]):
+        assert r.task == rec["task"] and abs(r.exact - rec["exact_first_100"]) <= 0.02, (r.task, r.exact, rec)
+    forwards = [res.nfe for r in results for o in r.outputs for res in o.results]
+    assert sum(forwards) / len(forwards) < llm.default_params().max_denoising_steps

@@ -156,7 +156,8 @@ def test_seed_semantics(dg):
 
 
 @pytest.mark.parametrize("given,match", [
-    ({"cache": "dual"}, "does not support cache 'dual'"),
+    ({"cache": "dual"}, "renoising diffusion_gemma model does not take cache 'dual'"),
+    ({"compat": "diffusion-gemma", "cache": "dual"}, "compat 'diffusion-gemma' does not support cache 'dual'"),
     ({"temperature": 0.7}, "temperature 0.7"),
     ({"t_max": 0.3}, "t_max 0.3 must be above t_min 0.4"),
     ({"compat": "llada"}, "renoising model"),
@@ -267,7 +268,7 @@ def test_served_stream_is_committed_canvas_by_canvas(dg):
         assert 1 < sum(bool(t) for t in chunks) <= -(-len(want.token_ids) // 16)
         assert full.usage.model_extra["nfe"] == want.nfe
         r = __import__("httpx").post(s.url + "/v1/completions", json={"prompt": "w1", "cache": "dual"})
-        assert r.status_code == 400 and "does not support cache 'dual'" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "does not take cache 'dual'" in r.json()["error"]["message"]
         events = []
         with __import__("httpx").stream("POST", s.url + "/playground/stream", timeout=60,
                                         json={"prompt": "w1 w2", "max_tokens": 32, "seed": 1}) as resp:
@@ -361,3 +362,10 @@ def test_release_style_full_layer_fields(dg_dir, dg, tmp_path):
     with pytest.warns(UnmaskWarning):
         model, _ = load_model(folder)
     assert model.config.layout == dg.arch.layout
+
+
+def test_loglikelihood_is_refused_by_name(dg):
+    from unmask.bench.harness import likelihood
+
+    with pytest.raises(UnmaskError, match="loglikelihood of a renoising model"):
+        likelihood(dg, [5, 6], [7])

@@ -42,7 +42,13 @@ def _accept_renoising(params: GenerationParams, arch: ArchConfig, engine: bool) 
                           f"is a renoising model (its own sampler, or compat {RENOISE_COMPAT!r})", param="compat")
     if engine and params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
-    checked = replace(params, compat=RENOISE_COMPAT).check()
+    try:
+        checked = replace(params, compat=RENOISE_COMPAT).check()
+    except UnmaskError as e:  # natively, name the model, not a mode the caller did not ask for
+        if params.compat is not None:
+            raise
+        raise UnmaskError(str(e).replace(f"compat {RENOISE_COMPAT!r} does not support",
+                                         f"this renoising {arch.family} model does not take"), param=e.param) from None
     return replace(checked, compat=params.compat)
 
 

@@ -10,15 +10,16 @@ from unmask.models.base import TokenIds
 
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block",
-            "default-edit": ASSETS / "default-edit"}
+            "default-edit": ASSETS / "default-edit", "default-renoise": ASSETS / "default-renoise"}
+_NAMES = "'default', 'default-ar', 'default-block', 'default-edit', 'default-renoise'"
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
     if model is not None and not isinstance(model, (str, Path)):
-        raise UnmaskError(f"model {model!r} must be a folder path, 'default', 'default-ar', 'default-block' or 'default-edit'")
+        raise UnmaskError(f"model {model!r} must be a folder path or an embedded model's name: {_NAMES}")
     name = "default" if model is None else str(model)
     if isinstance(model, str) and not model.strip():
-        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or 'default', 'default-ar', 'default-block', 'default-edit'")
+        raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or an embedded model's name: {_NAMES}")
     if name in EMBEDDED:
         path = EMBEDDED[name]
         if not (path / "config.json").exists():
