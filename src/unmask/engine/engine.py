@@ -72,20 +72,10 @@ class Engine(RequestFront):
         self._watching += watch
         return req
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request now; its rows are freed. False if it is unknown or already done."""
-        req = self.requests.get(request_id)
-        if req is None or req.done:
-            return False
-        if req.status == Status.WAITING:
-            self.scheduler.remove(req)
-        else:
-            i = self.rows.reqs.index(req)
-            self.rows.keep(torch.tensor([j for j in range(self.rows.n) if j != i], dtype=torch.long,
-                                        device=self.device))
-            self._forget_settings()
-        self._finish(req, Status.ABORTED, "abort", None)
-        return True
+    def _drop_row(self, req: Request) -> None:
+        i = self.rows.reqs.index(req)
+        self.rows.keep(torch.tensor([j for j in range(self.rows.n) if j != i], dtype=torch.long, device=self.device))
+        self._forget_settings()
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.rows.n)

@@ -36,6 +36,22 @@ class RequestFront:
             self.generators[rid] = torch.Generator(self.device).manual_seed(params.seed)
         return req
 
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; its rows are freed. False if it is unknown or already done."""
+        req = self.requests.get(request_id)
+        if req is None or req.done:
+            return False
+        if req.status == Status.WAITING:
+            self.scheduler.remove(req)
+        else:
+            self._drop_row(req)
+        self._finish(req, Status.ABORTED, "abort", None)
+        return True
+
+    def _drop_row(self, req: Request) -> None:
+        """Free a running request's row (the engine's own row state)."""
+        raise NotImplementedError
+
     def release(self, request_id: str) -> None:
         """Forget a finished request (its record is kept until released)."""
         req = self.requests.get(request_id)

@@ -57,6 +57,7 @@ class RenoiseEngine(RequestFront):
         self.answers: list[list[int]] = []  # per row: the finished canvases (its committed text and padding)
         z = lambda dtype: torch.zeros(0, dtype=dtype, device=self.device)  # noqa: E731
         self.start, self.step_left, self.nfe = z(torch.long), z(torch.long), z(torch.long)
+        self.new_len = z(torch.long)  # per row: tokens it encodes next (its prompt, its finished canvas), or 0
         self.canvas_nfe = z(torch.long)
         self.set = {name: z(torch.float32 if name in ("t_min", "t_span", "gamma", "confidence_threshold")
                             else torch.long) for name in _SETTINGS}
@@ -72,18 +73,9 @@ class RenoiseEngine(RequestFront):
                     watch: bool = False) -> Request:
         return self._new_request(prompt, params, request_id, watch, None)
 
-    def abort(self, request_id: str) -> bool:
-        req = self.requests.get(request_id)
-        if req is None or req.done:
-            return False
-        if req.status == Status.WAITING:
-            self.scheduler.remove(req)
-        else:
-            i = self.reqs.index(req)
-            self._keep(torch.tensor([j for j in range(len(self.reqs)) if j != i], dtype=torch.long,
-                                    device=self.device))
-        self._finish(req, Status.ABORTED, "abort", None)
-        return True
+    def _drop_row(self, req: Request) -> None:
+        i = self.reqs.index(req)
+        self._keep(torch.tensor([j for j in range(len(self.reqs)) if j != i], dtype=torch.long, device=self.device))
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.reqs)
@@ -98,9 +90,8 @@ class RenoiseEngine(RequestFront):
         self._admit()
         if not self.reqs:
             return []
-        encode = torch.tensor([p is not None for p in self.pending], device=self.device)
-        new_len = torch.tensor([0 if p is None else len(p) for p in self.pending], device=self.device)
-        cost = new_len + self.L
+        encode = self.new_len > 0
+        cost = self.new_len + self.L
         run = torch.cumsum(cost, 0) <= self.config.max_num_batched_tokens
         run[0] = True
         enc_rows = (run & encode).nonzero().squeeze(-1)
@@ -124,6 +115,7 @@ class RenoiseEngine(RequestFront):
             self.model.encode(new, positions, kv)
         self.kv.put(rows, kv)
         self.start[rows] += n
+        self.new_len[rows] = 0
         for i in idx:
             self.pending[i] = None
         # a fresh canvas: the reference's randint (B, L), per seeded row from its own generator
@@ -236,8 +228,10 @@ class RenoiseEngine(RequestFront):
                 self._finish(req, Status.FINISHED, "stop" if cut is not None else "length", self.answers[i])
             else:
                 self.pending[i] = self.argmax[i].clone()
-        for i, req in enumerate(self.reqs):  # watched rows also see their provisional canvas each step
-            if req.watch and not bool(ended[i]):
+                self.new_len[i] = self.L
+        for i in (j for j, req in enumerate(self.reqs) if req.watch):  # watched rows: the provisional canvas
+            req = self.reqs[i]
+            if not bool(ended[i]):
                 outputs.append(StepOutput(req, req.committed, [], False, *self._watched(i)))
         if gone:
             self._keep(torch.tensor([j for j in range(len(self.reqs)) if j not in set(gone)], dtype=torch.long,
@@ -276,6 +270,7 @@ class RenoiseEngine(RequestFront):
             self.set[k] = torch.cat([self.set[k], v])
         zeros = torch.zeros(n, dtype=torch.long, device=self.device)
         self.start, self.step_left = torch.cat([self.start, zeros]), torch.cat([self.step_left, zeros])
+        self.new_len = torch.cat([self.new_len, t([len(q.prompt) for q in new], torch.long)])
         self.nfe, self.canvas_nfe = torch.cat([self.nfe, zeros]), torch.cat([self.canvas_nfe, zeros])
         self.has_sc = torch.cat([self.has_sc, zeros.bool()])
         self.canvas = torch.cat([self.canvas, self.canvas.new_zeros(n, self.L)])
@@ -295,7 +290,7 @@ class RenoiseEngine(RequestFront):
         self.reqs = [self.reqs[i] for i in idx]
         self.pending = [self.pending[i] for i in idx]
         self.answers = [self.answers[i] for i in idx]
-        for name in ("start", "step_left", "nfe", "canvas_nfe", "has_sc", "canvas", "argmax", "cells"):
+        for name in ("start", "step_left", "nfe", "canvas_nfe", "new_len", "has_sc", "canvas", "argmax", "cells"):
             setattr(self, name, getattr(self, name)[rows])
         self.set = {k: v[rows] for k, v in self.set.items()}
         self.sc = None if self.sc is None or not idx else self.sc[rows]
