@@ -384,7 +384,7 @@ GEMMA_TEMPLATE = (
 
 
 def write_diffusion_gemma(folder, canvas=16, layers=3, window=8, peaky=40.0, seed=0, generation=None,
-                          layer_types=("sliding_attention", "full_attention", "full_attention")) -> Path:
+                          layer_types=("sliding_attention", "full_attention", "full_attention"), full_kv_heads=1) -> Path:
     """A tiny DiffusionGemma checkpoint written by transformers' own save_pretrained (the released
     layout: text_config, per_layer_config, the vision tower's weights, the tied weights under the
     decoder's names), with a word-level tokenizer whose specials sit where Gemma's do.
@@ -396,7 +396,7 @@ def write_diffusion_gemma(folder, canvas=16, layers=3, window=8, peaky=40.0, see
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     text = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, num_experts=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=full_kv_heads, num_experts=4,
                 top_k_experts=2, moe_intermediate_size=32, sliding_window=window, layer_types=list(layer_types),
                 max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
     vision = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,

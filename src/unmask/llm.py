@@ -21,6 +21,7 @@ from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
 from unmask.models.loader import load_model, read_json
 from unmask.outputs import BatchOutput, GenerationResult, result_of
+from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
 from unmask.reference.modes import get_mode
@@ -33,13 +34,40 @@ __all__ = ["LLM", "BatchOutput", "GenerationResult", "EMBEDDED", "default_device
 class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
-    def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu") -> None:
+    def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu",
+                 tensor_parallel: int = 1) -> None:
         """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
-        its autoregressive twin, "default-block" for its block-diffusion sibling."""
+        its autoregressive twin, "default-block" for its block-diffusion sibling.
+        `tensor_parallel` N > 1 splits the model over N processes on torch.distributed (gloo on
+        CPU, NCCL on GPUs: unmask.parallel); this process is rank 0. `close()` ends them."""
         self.path = resolve_model_path(model)
         if dtype is not None and not isinstance(dtype, str):
             raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
-        self.model, self.config = load_model(self.path, dtype=dtype, device=check_device(device))
+        device = check_device(device)
+        self.ranks = None
+        if check_world(tensor_parallel) > 1:
+            self.ranks = Ranks.start(tensor_parallel, device, (str(self.path), dtype, device))
+            error = None
+            try:
+                self._load(dtype, rank_device(device, 0), self.ranks.tp)
+            except UnmaskError as e:
+                error = e
+            except Exception as e:
+                error = f"{type(e).__name__}: {e}"
+            self.ranks.loaded(error)  # raises the first rank's error
+        else:
+            self._load(dtype, device, None)
+
+    @classmethod
+    def _shard(cls, tp, path: str, dtype: str | None, device) -> "LLM":
+        """Rank tp.rank's LLM (a worker of unmask.parallel)."""
+        llm = cls.__new__(cls)
+        llm.path, llm.ranks = Path(path), None
+        llm._load(dtype, rank_device(device, tp.rank), tp)
+        return llm
+
+    def _load(self, dtype: str | None, device, tp) -> None:
+        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp)
         gen_path = self.path / "generation_config.json"
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
         if not isinstance(self.generation_config, dict):
@@ -57,7 +85,7 @@ class LLM:
     def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds) -> "LLM":
         """An LLM over an in-memory model (training-time evaluation)."""
         llm = cls.__new__(cls)
-        llm.path, llm.config, llm.generation_config = None, {}, {}
+        llm.path, llm.config, llm.generation_config, llm.ranks = None, {}, {}, None
         llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
         return llm
 
@@ -122,6 +150,11 @@ class LLM:
             params = self.accept(params)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words)
         check_prompts(ids, params, self.arch, self.token_ids)
+        if self.ranks is not None:  # every rank runs the same generation over its shard
+            return run_spmd(self.ranks, ("generate", ids, params), lambda: self._generate_ids(ids, params))
+        return self._generate_ids(ids, params)
+
+    def _generate_ids(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
         if params.compat is None:
             return self._generate_engine(ids, params)
         t0 = time.perf_counter()
@@ -135,14 +168,20 @@ class LLM:
         return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
     def engine(self, config: EngineConfig | None = None) -> Engine:
-        """A request-level engine over this model (continuous batching; see unmask.engine)."""
+        """A request-level engine over this model (continuous batching; see unmask.engine). Under
+        tensor parallelism, rank 0's engine, whose calls the other ranks replay in lockstep."""
+        if self.ranks is not None:
+            return LockstepEngine(self.ranks, self._engine(config), config)
+        return self._engine(config)
+
+    def _engine(self, config: EngineConfig | None):
         if self.arch.canvas_length:  # a renoising model: its rows are canvases of random tokens
             return RenoiseEngine(self.model, self.token_ids, config)
         return Engine(self.model, self.token_ids, config)
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
         """Offline generation is "add every request, step until done" on the serving engine."""
-        engine = self.engine(EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None))
+        engine = self._engine(EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None))
         t0 = time.perf_counter()
         reqs = [engine.add_request(p, params) for p in ids]
         while engine.has_unfinished():
@@ -151,6 +190,21 @@ class LLM:
         results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards, q.edits, q.remasked)
                    for q in reqs]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
+
+    @property
+    def tensor_parallel(self) -> int:
+        return 1 if self.ranks is None else self.ranks.world
+
+    def close(self) -> None:
+        """End the tensor-parallel ranks (nothing to do for a one-process model)."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float,
                   seal_forwards: int = 0, edits: int = 0, remasked: int = 0) -> GenerationResult:

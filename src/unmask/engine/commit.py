@@ -8,7 +8,7 @@ import torch
 from unmask.engine.parts import DecodeParts
 from unmask.engine.rows import RowState
 from unmask.sampler.policy import Revision
-from unmask.sampler.proposal import propose
+from unmask.sampler.proposal import propose, token_prob
 
 
 @dataclass
@@ -26,8 +26,11 @@ class Committed:
 
 
 class Committer:
-    def __init__(self, rows: RowState, parts: dict[int, DecodeParts], mask_id: int, generators: dict) -> None:
+    def __init__(self, rows: RowState, parts: dict[int, DecodeParts], mask_id: int, generators: dict,
+                 tp=None, vocab: int = 0) -> None:
+        """`tp`: the model's tensor-parallel group; the logits are then this rank's vocabulary slice."""
         self.rows, self.parts, self.mask, self.generators = rows, parts, mask_id, generators
+        self.tp, self.vocab = tp, vocab
 
     def commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool,
                watching: bool) -> Committed:
@@ -63,17 +66,14 @@ class Committer:
                 quota = torch.where(over, cand[sel].sum(-1), q)
             # native policies ignore the step index (only Dream's compat policy reads it)
             c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
-            if verify and parts.cache.verifies:
-                lg = logits[sel].float()  # the probability of each proposed token, without a full softmax
-                prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
-                doubt[sel] = parts.cache.doubts(prob, c)
+            if verify and parts.cache.verifies:  # the probability of each proposed token
+                doubt[sel] = parts.cache.doubts(token_prob(logits[sel], tok, self.tp, self.vocab), c)
             tokens[sel], commit[sel] = tok, c
             if getattr(parts.policy, "revises", False):  # the policy may also revise the block's committed tokens
                 if edit is None:
                     edit, remask, prob_all = (torch.zeros_like(cand), torch.zeros_like(cand),
                                               torch.zeros(cand.shape, device=cand.device))
-                lg = logits[sel].float()
-                prob = (lg.gather(-1, tok[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
+                prob = token_prob(logits[sel], tok, self.tp, self.vocab)
                 prob_all[sel] = prob
                 editable = valid[sel] & ~cand[sel]
                 rows = idx[sel]
@@ -139,11 +139,11 @@ class Committer:
         cfg = parts.proposal
         sampled = cfg.temperature > 0 or cfg.confidence == "random"
         if not sampled:
-            p = propose(logits, cfg, None)
+            p = propose(logits, cfg, None, self.tp, self.vocab)
             return p.tokens, p.score, p.entropy
         width = (self.rows.e - self.rows.s)[idx].tolist()
-        out = [propose(logits[i : i + 1, : width[i]], cfg, self.generators.get(self.rows.reqs[row].id))
-               for i, row in enumerate(idx.tolist())]
+        out = [propose(logits[i : i + 1, : width[i]], cfg, self.generators.get(self.rows.reqs[row].id), self.tp,
+                       self.vocab) for i, row in enumerate(idx.tolist())]
         W = logits.shape[1]
         pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
         tokens = torch.cat([pad(p.tokens, self.mask) for p in out])

@@ -57,7 +57,9 @@ class Engine(RequestFront):
         self.parts: dict[int, DecodeParts] = {}
         self.trace: deque[ForwardRecord] = deque(maxlen=self.config.trace_limit)
         self.runner = ModelRunner(model, self.rows, self.shift)
-        self.committer = Committer(self.rows, self.parts, self.mask, self.generators)
+        # a tensor-parallel model hands its vocabulary slice to the sampler (no gathered logits)
+        self.committer = Committer(self.rows, self.parts, self.mask, self.generators,
+                                   getattr(model, "tp", None), self.arch.vocab_size)
         self._setting_ids = itertools.count()
         self._watching = 0  # watched requests in the engine (their rows cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
@@ -111,6 +113,8 @@ class Engine(RequestFront):
         logits = self.runner.forward(f.full, f.idx, work.plan, r.s, work.W, f.all_rows)
         done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self._watching > 0)
         if self.observer is not None:
+            if self.committer.tp is not None:  # diagnostics compare whole distributions
+                logits = self.committer.tp.gather_vocab(logits, self.arch.vocab_size)
             self.observer.observe(self, f.kind, f.idx, r.s, work.W, logits, fresh, done)
         work.record(f, done, time.perf_counter() - t0)
 

@@ -51,9 +51,11 @@ class ModelRunner:
         self.model, self.rows, self.shift = model, rows, shift
         self.device = rows.device
         self.layers = model.config.num_layers
+        # a tensor-parallel model returns its vocabulary slice to the engine's sampler
+        self.local = {"vocab_local": True} if getattr(model, "tp", None) is not None else {}
 
     def forward(self, full: bool, idx: torch.Tensor, plan: Plan, s: torch.Tensor, W: int, all_rows: bool) -> torch.Tensor:
-        """Logits (B, W, V) for each row's block columns [s, s + W) (W = the widest block; columns
+        """Logits (B, W, V) (a tensor-parallel model: this rank's vocabulary slice) for each row's block columns [s, s + W) (W = the widest block; columns
         past a row's own block are padding). A full forward covers each row's [0, plan.end) (its
         canvas, or a block model's prefill), a window forward [plan.start, plan.end) against the
         row's K/V. `all_rows`: idx is every running row, in order."""
@@ -71,7 +73,7 @@ class ModelRunner:
                 cols = torch.where(cols < lens[:, None], cols, r.cap)
                 kv = RowsKV(r, None if all_rows else idx, cols, True, self.layers)
             hidden = (s[idx, None] - shift + ar).clamp(0, Lmax - 1)
-            return self.model(ids, pos, kv, 0, key_mask, hidden)
+            return self.model(ids, pos, kv, 0, key_mask, hidden, **self.local)
         start, end = plan.start, plan.end
         q = int((end - start)[idx].max())  # the widest window (one small read)
         aq = torch.arange(q, device=self.device)[None, :]
@@ -81,7 +83,7 @@ class ModelRunner:
         key_mask = torch.arange(r.cap + 1, device=self.device)[None, :] < r.L[idx, None]
         kv = RowsKV(r, None if all_rows else idx, cols, False, self.layers)
         hidden = (ar + (s[idx, None] - shift - start[idx, None])).clamp(0, q - 1)
-        return self.model(ids, pos, kv, start[idx], key_mask, hidden)  # per-row first query column
+        return self.model(ids, pos, kv, start[idx], key_mask, hidden, **self.local)  # per-row first query column
 
     def fresh(self, idx: torch.Tensor, s: torch.Tensor, W: int):
         """For diagnostics: an uncached full forward over the rows' current canvases (nothing is

@@ -114,26 +114,29 @@ class Experts(nn.Module):
     def __init__(self, num: int, hidden: int, size: int) -> None:
         super().__init__()
         self.num, self.size = num, size
+        self.first: int | None = None  # expert parallel: this module holds experts [first, first + num)
         self.w_in = nn.Parameter(torch.empty(num, 2 * size, hidden))  # gate rows, then up rows
         self.w_out = nn.Parameter(torch.empty(num, hidden, size))
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        base = self.first or 0
         for e in range(self.num):
             w_in, w_out = (self.w_in, self.w_out) if keep_vars else (self.w_in.detach(), self.w_out.detach())
-            destination[f"{prefix}{e}.gate_proj.weight"] = w_in[e, : self.size]
-            destination[f"{prefix}{e}.up_proj.weight"] = w_in[e, self.size :]
-            destination[f"{prefix}{e}.down_proj.weight"] = w_out[e]
+            destination[f"{prefix}{base + e}.gate_proj.weight"] = w_in[e, : self.size]
+            destination[f"{prefix}{base + e}.up_proj.weight"] = w_in[e, self.size :]
+            destination[f"{prefix}{base + e}.down_proj.weight"] = w_out[e]
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        names = [f"{prefix}{e}.{p}.weight" for e in range(self.num) for p in ("gate_proj", "up_proj", "down_proj")]
+        ids = range(self.first or 0, (self.first or 0) + self.num)
+        names = [f"{prefix}{e}.{p}.weight" for e in ids for p in ("gate_proj", "up_proj", "down_proj")]
         absent = [n for n in names if n not in state_dict]
         if absent:
             missing_keys.extend(absent)
             return
         w_in = torch.stack([torch.cat([state_dict[f"{prefix}{e}.gate_proj.weight"],
-                                       state_dict[f"{prefix}{e}.up_proj.weight"]]) for e in range(self.num)])
-        w_out = torch.stack([state_dict[f"{prefix}{e}.down_proj.weight"] for e in range(self.num)])
+                                       state_dict[f"{prefix}{e}.up_proj.weight"]]) for e in ids])
+        w_out = torch.stack([state_dict[f"{prefix}{e}.down_proj.weight"] for e in ids])
         for n in names:
             state_dict.pop(n)  # read: the tensors now live in the stacked parameters
         if tuple(w_in.shape) != tuple(self.w_in.shape) or tuple(w_out.shape) != tuple(self.w_out.shape):
@@ -150,14 +153,18 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (T, H), idx (T, k) expert ids, w (T, k) weights -> (T, H): sum_k w * expert_k(x)."""
-        return mix_experts(x, idx, w, self.w_in, self.w_out, F.silu)
+        return mix_experts(x, idx, w, self.w_in, self.w_out, F.silu, self.first)
 
 
 def mix_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor,
-                act) -> torch.Tensor:
+                act, first: int | None = None) -> torch.Tensor:
     """x (T, H), idx (T, k) expert ids, w (T, k) weights, w_in (E, 2F, H) gate rows then up rows,
     w_out (E, H, F), `act` the gate's activation -> (T, H): sum_k w * expert_k(x), every expert's
-    tokens in one grouped multiply."""
+    tokens in one grouped multiply. `first`: w_in / w_out hold experts [first, first + E) of a
+    larger set (expert parallel); only the (token, expert) pairs routed here are computed and the
+    others contribute zero (the caller's all-reduce adds the ranks that hold them)."""
+    if first is not None:
+        return _mix_local(x, idx, w, w_in, w_out, act, first)
     T, k = idx.shape
     flat = idx.reshape(-1)
     order = flat.argsort(stable=True)
@@ -170,6 +177,26 @@ def mix_experts(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, w_in: torch
     y = torch.empty_like(ys)
     y[order] = ys
     return (y.view(T, k, -1).to(w.dtype) * w[..., None]).sum(1).to(x.dtype)
+
+
+def _mix_local(x, idx, w, w_in, w_out, act, first: int) -> torch.Tensor:
+    """mix_experts over this rank's experts [first, first + E) only."""
+    T, k = idx.shape
+    local = idx.reshape(-1) - first
+    here = ((local >= 0) & (local < w_in.shape[0])).nonzero().squeeze(-1)  # the pairs routed to this rank
+    y = torch.zeros_like(x)
+    if here.numel() == 0:
+        return y
+    ids = local[here]
+    order = ids.argsort(stable=True)
+    pairs = here[order]
+    counts = torch.bincount(ids, minlength=w_in.shape[0])
+    offs = counts.cumsum(0).to(torch.int32)
+    h = _grouped(x[pairs // k], w_in, offs, counts)
+    gate, up = h.split(w_out.shape[2], dim=-1)
+    ys = _grouped(act(gate) * up, w_out, offs, counts)
+    weighted = (ys.to(w.dtype) * w.reshape(-1)[pairs][:, None]).to(x.dtype)
+    return y.index_add_(0, pairs // k, weighted)
 
 
 class SparseMoE(nn.Module):

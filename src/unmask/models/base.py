@@ -179,6 +179,9 @@ class DiffusionLM(nn.Module):
 
     config: ArchConfig
     rope: RotaryEmbedding
+    # tensor parallel (unmask.models.parallel): module-name pattern -> style, and this rank's group
+    tp_plan: dict[str, str] = {}
+    tp = None
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList, nn.Module, nn.Linear | None]:
         """(token embedding, blocks, final norm, output head or None when tied to the embedding)."""
@@ -193,9 +196,12 @@ class DiffusionLM(nn.Module):
         key_mask: torch.Tensor | None = None,
         logits_slice: slice | None = None,
         attn_mask: torch.Tensor | None = None,
+        vocab_local: bool = False,
     ) -> torch.Tensor:
         """`attn_mask` (B, 1, q, Lk), True = attend, replaces the model's own attention rule and
-        `key_mask` (the block-diffusion training objective attends across two copies of a sequence)."""
+        `key_mask` (the block-diffusion training objective attends across two copies of a sequence).
+        A tensor-parallel model returns whole logits, or with `vocab_local` this rank's vocabulary
+        slice (its sampler reduces over the slices: unmask.sampler.proposal)."""
         embed, blocks, norm, head = self.parts()
         x = embed(input_ids)
         rope = self.rope(positions)
@@ -213,7 +219,10 @@ class DiffusionLM(nn.Module):
         elif logits_slice is not None:  # only positions that can commit need the vocabulary projection
             x = x[:, logits_slice]
         x = norm(x)
-        return x @ embed.weight.T if head is None else head(x)
+        logits = x @ embed.weight.T if head is None else head(x)
+        if self.tp is not None and not vocab_local:
+            logits = self.tp.gather_vocab(logits, self.config.vocab_size)
+        return logits
 
 
 def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start, device) -> torch.Tensor:

@@ -253,8 +253,10 @@ class _Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(m.num_experts, 2 * m.expert_size, hidden))
         self.down_proj = nn.Parameter(torch.empty(m.num_experts, hidden, m.expert_size))
 
+    first: int | None = None  # expert parallel: this rank's experts start here
+
     def forward(self, x, idx, w):
-        return mix_experts(x, idx, w.to(x.dtype), self.gate_up_proj, self.down_proj, _gelu)
+        return mix_experts(x, idx, w.to(x.dtype), self.gate_up_proj, self.down_proj, _gelu, self.first)
 
 
 class _Attention(nn.Module):
@@ -372,6 +374,16 @@ class DiffusionGemmaModel(nn.Module):
     is the caller's (unmask.cache.renoise_kv): the model asks it, per layer, for the keys,
     values and mask to attend over."""
 
+    tp_plan = {
+        r"model\.decoder\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj)": "col",
+        r"model\.decoder\.layers\.\d+\.self_attn\.o_proj": "row",
+        r"model\.decoder\.(layers\.\d+\.mlp|self_conditioning)\.(gate_proj|up_proj)": "col",
+        r"model\.decoder\.(layers\.\d+\.mlp|self_conditioning)\.down_proj": "row",
+        r"model\.decoder\.layers\.\d+\.experts": "experts",
+        r"model\.decoder\.embed_tokens": "vocab",
+    }
+    tp = None
+
     def __init__(self, config: ArchConfig) -> None:
         super().__init__()
         self.config = config
@@ -418,8 +430,13 @@ class DiffusionGemmaModel(nn.Module):
         if sc_logits is None:
             soft = torch.zeros_like(x)
         else:
-            soft = (sc_logits.softmax(-1, dtype=torch.float32).to(wt.dtype) @ wt) * torch.tensor(
-                self.config.hidden_size ** 0.5, dtype=wt.dtype)
+            probs = sc_logits.softmax(-1, dtype=torch.float32).to(wt.dtype)
+            if self.tp is not None:  # this rank's vocabulary rows; the all-reduce adds the others
+                lo, hi = self.tp.vocab_range(self.config.vocab_size)
+                soft = self.tp.all_reduce(probs[..., lo:hi] @ wt)
+            else:
+                soft = probs @ wt
+            soft = soft * torch.tensor(self.config.hidden_size ** 0.5, dtype=wt.dtype)
             if sc_rows is not None:
                 soft = soft * sc_rows.to(soft.dtype)[:, None, None]
         x = dec.self_conditioning(x, soft)
@@ -431,6 +448,8 @@ class DiffusionGemmaModel(nn.Module):
 
             x = layer(x, ropes[layer.sliding], attend, layer.layer_scalar)
         logits = F.linear(dec.norm(x), wt).float()
+        if self.tp is not None:
+            logits = self.tp.gather_vocab(logits, self.config.vocab_size)
         cap = self.config.layout.softcap
         return torch.tanh(logits / cap) * cap
 

@@ -102,6 +102,16 @@ class DreamModel(DiffusionLM):
     layers in the same layout (LLaDA-MoE) sets `layer`."""
 
     layer: type[nn.Module] = DreamLayer
+    # the Qwen layout, with LLaDA-MoE's experts and shared expert where a layer has them
+    tp_plan = {
+        r"model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj)": "col",
+        r"model\.layers\.\d+\.self_attn\.o_proj": "row",
+        r"model\.layers\.\d+\.(mlp|shared_expert)\.(gate_proj|up_proj)": "col",
+        r"model\.layers\.\d+\.(mlp|shared_expert)\.down_proj": "row",
+        r"model\.layers\.\d+\.mlp\.experts": "experts",
+        r"model\.embed_tokens": "vocab",
+        r"lm_head": "head",
+    }
 
     def __init__(self, config: ArchConfig) -> None:
         super().__init__()

@@ -133,6 +133,16 @@ class _Inner(nn.Module):
 
 
 class LLaDA2Model(DiffusionLM):
+    tp_plan = {
+        r"model\.layers\.\d+\.attention\.query_key_value": "qkv",
+        r"model\.layers\.\d+\.attention\.dense": "row",
+        r"model\.layers\.\d+\.mlp(\.shared_experts)?\.(gate_proj|up_proj)": "col",
+        r"model\.layers\.\d+\.mlp(\.shared_experts)?\.down_proj": "row",
+        r"model\.layers\.\d+\.mlp\.experts": "experts",
+        r"model\.word_embeddings": "vocab",
+        r"lm_head": "head",
+    }
+
     def __init__(self, config: ArchConfig) -> None:
         super().__init__()
         self.config = config

@@ -15,6 +15,7 @@ from safetensors import safe_open
 from unmask.errors import CheckpointError, UnmaskWarning
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
+from unmask.models.parallel import ZERO, read_slice, shard_model
 from unmask.models.registry import resolve_family
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,8 +84,10 @@ def weight_files(folder: Path) -> dict[str, Path]:
     return _safetensors(single, "reading the header", keys)
 
 
-def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu") -> tuple[DiffusionLM, dict]:
-    """Load the model in `path`; returns (model in eval mode, raw config.json dict)."""
+def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu",
+               tp=None) -> tuple[DiffusionLM, dict]:
+    """Load the model in `path`; returns (model in eval mode, raw config.json dict). With `tp`
+    (unmask.layers.parallel.TensorParallel) this rank's shard: only its slices are read."""
     folder = Path(path)
     if not folder.is_dir():
         inside = file_inside_file(folder)
@@ -122,26 +125,34 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         raise CheckpointError(f"{folder}: missing weights {_few(missing)}")
     if unexpected:
         raise CheckpointError(f"{folder}: unexpected weights {_few(unexpected)}")
+    specs: dict = {}
+    if tp is not None:  # this rank's shapes; weights other ranks hold (their experts) are not read
+        specs = shard_model(model, tp)
+        local = set(model.state_dict())
+        files = {k: f for k, f in files.items() if k in local}
     state = {}
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         by_file.setdefault(f, []).append(k)
     for f, keys in by_file.items():
         _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
-                                                                              torch_dtype))
+                                                                              torch_dtype, specs))
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), cfg
 
 
-def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype) -> None:
+def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict) -> None:
     with safe_open(f, framework="pt", device="cpu") as sf:
         present = set(sf.keys())
         for k in keys:
             if k not in present:
                 raise CheckpointError(f"{f} does not contain weight {k!r} that the index lists")
-            t = sf.get_tensor(k)
-            if tuple(t.shape) != tuple(expected[k]):
-                raise CheckpointError(f"{f}: weight {k!r} has shape {tuple(t.shape)}, expected {tuple(expected[k])}")
+            sl = sf.get_slice(k)
+            shape = tuple(sl.get_shape())
+            if shape != tuple(expected[k]):
+                raise CheckpointError(f"{f}: weight {k!r} has shape {shape}, expected {tuple(expected[k])}")
+            spec = specs.get(k)
+            t = sf.get_tensor(k) if spec is None else torch.zeros(shape) if spec is ZERO else read_slice(sl, spec)
             if not (t.is_floating_point() or t.is_complex()):
                 raise CheckpointError(f"{f}: weight {k!r} has dtype {t.dtype}, not a floating-point type")
             if not bool(torch.isfinite(t).all()):

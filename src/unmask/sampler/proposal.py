@@ -7,6 +7,15 @@ Two sampling families exist upstream and both are reproduced:
 - "categorical" (Dream): logits / T, then top-k / top-p filters, then a categorical sample; the
   confidence is the probability of the sample under that tempered, filtered distribution.
 The MASK token is never proposed (the reference samplers can propose it and then never finish).
+
+Under tensor parallelism each rank holds the logits of its vocabulary slice. The proposals that
+only need reductions over the vocabulary (greedy or Gumbel sampling, with the probability,
+margin, entropy or random confidence) are computed from per-slice (max, sum, argmax, top-2)
+statistics: each rank sends a few numbers per position, never its logits (as SGLang's TP-local
+vocabulary state does). Sampling draws the Gumbel noise over the whole vocabulary from the
+request's generator and each rank uses its slice, so a seed gives the same tokens at any rank
+count. Top-k / top-p filters, Dream's categorical sampling and the bit-exact reference softmax
+gather the whole logits first.
 """
 
 from dataclasses import dataclass
@@ -60,8 +69,15 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs + 1e-10)).sum(-1)
 
 
-def propose(logits: torch.Tensor, cfg: ProposalConfig, generator: torch.Generator | None = None) -> Proposal:
-    """logits (B, W, V) -> Proposal over the same W positions."""
+def propose(logits: torch.Tensor, cfg: ProposalConfig, generator: torch.Generator | None = None,
+            tp=None, vocab: int = 0) -> Proposal:
+    """logits (B, W, V) -> Proposal over the same W positions. With `tp` (a TensorParallel group),
+    logits (B, W, V_rank) are this rank's slice of a `vocab`-sized vocabulary."""
+    if tp is not None:
+        if not local_proposal(cfg):
+            logits = tp.gather_vocab(logits, vocab)
+        else:
+            return _propose_local(logits, cfg, generator, tp, vocab)
     if cfg.sampling == "categorical":
         return _propose_categorical(logits, cfg, generator)
     return _propose_gumbel(logits, cfg, generator)
@@ -128,3 +144,72 @@ def _propose_categorical(logits: torch.Tensor, cfg: ProposalConfig, generator: t
         conf = torch.rand(tokens.shape, dtype=cfg.random_dtype, generator=generator, device=logits.device)
     entropy = _entropy(probs) if cfg.need_entropy else None
     return Proposal(tokens, conf, entropy)
+
+
+def local_proposal(cfg: ProposalConfig) -> bool:
+    """Whether proposals under `cfg` reduce over vocabulary slices (else the logits are gathered)."""
+    greedy_categorical = cfg.sampling == "categorical" and cfg.temperature == 0
+    return ((cfg.sampling == "gumbel" or greedy_categorical) and cfg.top_k is None
+            and (cfg.top_p is None or cfg.top_p >= 1) and not cfg.exact_softmax)
+
+
+def _propose_local(logits: torch.Tensor, cfg: ProposalConfig, generator, tp, vocab: int) -> Proposal:
+    """The Gumbel / greedy proposal from this rank's vocabulary slice (see the module notes)."""
+    lo, hi = tp.vocab_range(vocab)
+    logits = logits.to(cfg.precision)
+    if cfg.temperature > 0:  # the whole vocabulary's noise, from the same generator as one rank would draw
+        u = torch.rand((*logits.shape[:-1], vocab), dtype=torch.float64, generator=generator, device=logits.device)
+        choice = logits.to(torch.float64).exp() / (-torch.log(u[..., lo:hi])) ** cfg.temperature
+    else:
+        choice = logits.clone()
+    if lo <= cfg.mask_id < hi:
+        choice[..., cfg.mask_id - lo] = -torch.inf
+    best, arg = choice.max(-1)
+    m = logits.max(-1).values
+    s = (logits - m[..., None]).exp().sum(-1)
+    stats = [best.to(torch.float64), (arg + lo).to(torch.float64), logits.gather(-1, arg[..., None]).squeeze(-1),
+             m, s]
+    margin = cfg.confidence == "margin"
+    if margin:
+        top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1).values
+        if top2.shape[-1] < 2:
+            top2 = torch.cat([top2, torch.full_like(top2, -torch.inf)], -1)
+        stats += [top2[..., 0], top2[..., 1]]
+    g = tp.all_gather(torch.stack([t.to(torch.float64) for t in stats], -1))  # (world, B, W, n)
+    rank = g[..., 0].argmax(0, keepdim=True)  # the first rank with the largest choice: whole-vocabulary argmax
+    won = g.gather(0, rank[..., None].expand(1, *g.shape[1:])).squeeze(0)
+    tokens = won[..., 1].long()
+    M = g[..., 3].max(0).values
+    lse = (M + (g[..., 4] * (g[..., 3] - M).exp()).sum(0).log()).to(cfg.precision)
+    entropy = None
+    if cfg.need_entropy or cfg.confidence == "neg_entropy":
+        p = (logits - lse[..., None]).exp()
+        entropy = tp.all_reduce(-(p * torch.log(p + 1e-10)).sum(-1))
+    if cfg.confidence == "random":
+        score = torch.rand(tokens.shape, dtype=cfg.random_dtype, generator=generator, device=logits.device)
+    elif cfg.confidence == "prob":
+        score = (won[..., 2].to(cfg.precision) - lse).exp()
+    elif margin:
+        top = g[..., 5:7].permute(1, 2, 0, 3).reshape(*g.shape[1:3], -1)
+        top2 = torch.topk(top, 2, dim=-1).values.to(cfg.precision)
+        score = (top2[..., 0] - lse).exp() - (top2[..., 1] - lse).exp()
+    else:
+        score = -entropy
+    return Proposal(tokens, score, entropy if cfg.need_entropy else None)
+
+
+def token_prob(logits: torch.Tensor, tokens: torch.Tensor, tp=None, vocab: int = 0) -> torch.Tensor:
+    """The model's probability of `tokens` (B, W) from logits (B, W, V) (or, with `tp`, this
+    rank's vocabulary slice), without a (B, W, V) probability tensor."""
+    lg = logits.float()
+    if tp is None:
+        return (lg.gather(-1, tokens[..., None]).squeeze(-1) - lg.logsumexp(-1)).exp()
+    lo, hi = tp.vocab_range(vocab)
+    here = (tokens >= lo) & (tokens < hi)
+    picked = lg.gather(-1, (tokens - lo).clamp(0, hi - lo - 1)[..., None]).squeeze(-1)
+    m = lg.max(-1).values
+    stats = torch.stack([torch.where(here, picked, 0.0), m, (lg - m[..., None]).exp().sum(-1)], -1)
+    g = tp.all_gather(stats)
+    M = g[..., 1].max(0).values
+    lse = M + (g[..., 2] * (g[..., 1] - M).exp()).sum(0).log()
+    return (g[..., 0].sum(0) - lse).exp()

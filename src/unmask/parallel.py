@@ -1,0 +1,333 @@
+"""Tensor parallelism's processes: N ranks on torch.distributed, stepping in lockstep.
+
+Rank 0 is the caller's process: it owns the requests (the front end, the scheduler's queue, the
+server) and, before each unit of work, broadcasts what the other ranks must do: the requests
+added, aborted and released since the last step, then "step" (or a whole offline `generate`),
+with rank 0's random-number state, so that every rank makes the same decisions with the same
+draws. Every rank then runs the same engine step over its shard of the model: the forwards'
+collectives (all-reduce after row-parallel layers and experts, vocabulary statistics in the
+sampler) keep the shards in agreement, and only rank 0's outputs are used. Nothing here routes
+requests or calls procedures over the network: the only channel is torch.distributed's
+broadcast, and the engine itself is the single-process engine.
+
+Two ways to start the ranks:
+- by unmask (`LLM(..., tensor_parallel=N)`, `unmask generate/serve --tensor-parallel N`): rank 0
+  spawns N - 1 worker processes on this machine, which join over a loopback TCP store, as vLLM's
+  multiprocessing executor does;
+- by torchrun (`torchrun --nproc-per-node N -m unmask generate ... --tensor-parallel N`): every
+  process builds the LLM; ranks other than 0 serve rank 0 and exit when it closes.
+
+A rank that dies ends the job: the surviving ranks' collectives fail (gloo and NCCL notice the
+closed connection, a timeout is the backstop) and rank 0 raises a TensorParallelError naming the
+rank, instead of waiting forever. The group cannot continue with a rank missing.
+"""
+
+import atexit
+import os
+import socket
+import threading
+import traceback
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from unmask.errors import UnmaskError
+from unmask.layers.parallel import TensorParallel
+
+TIMEOUT = timedelta(seconds=float(os.environ.get("UNMASK_TP_TIMEOUT", "300")))
+_ACTIVE: list = []  # the Ranks of this process (one group at a time: torch.distributed's default group)
+
+
+class TensorParallelError(UnmaskError):
+    """A rank of a tensor-parallel group failed; the group cannot continue."""
+
+
+def check_world(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UnmaskError(f"tensor_parallel {value!r} must be a positive integer (the number of ranks)",
+                          param="tensor_parallel")
+    return value
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank r runs on cuda:r (a GPU per rank); CPU ranks share the CPU."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+class Ranks:
+    """Rank 0's handle on the group: the worker processes it started (none under torchrun), the
+    command broadcast, the failure checks and the shutdown."""
+
+    def __init__(self, world: int, tp: TensorParallel, procs: list) -> None:
+        self.world, self.tp, self.procs = world, tp, procs
+        self.pending: list[tuple] = []
+        self.lock = threading.RLock()  # one unit of work at a time: the collectives run in one order
+        self.failed: str | None = None
+        self.closed = False
+        self._engines = 0
+
+    @classmethod
+    def start(cls, world: int, device: torch.device, worker_args: tuple) -> "Ranks":
+        """Start (or, under torchrun, join) the group; rank 0 returns, the others never do."""
+        if _ACTIVE and not _ACTIVE[-1].closed:
+            raise UnmaskError("a tensor-parallel model is already running in this process; close it first "
+                              "(LLM.close())", param="tensor_parallel")
+        if dist.is_available() and dist.is_initialized():
+            raise UnmaskError("torch.distributed is already initialised in this process; unmask starts its own "
+                              "group (or run under torchrun)", param="tensor_parallel")
+        procs = []
+        if launched_by_torchrun():
+            if int(os.environ["WORLD_SIZE"]) != world:
+                raise UnmaskError(f"tensor_parallel {world} differs from torchrun's WORLD_SIZE "
+                                  f"{os.environ['WORLD_SIZE']}", param="tensor_parallel")
+            rank = int(os.environ["RANK"])
+            dist.init_process_group(_backend(device), timeout=TIMEOUT)
+            if rank:
+                _serve(rank, world, device, worker_args)
+                raise SystemExit(0)
+        else:
+            port = _free_port()
+            ctx = torch.multiprocessing.get_context("spawn")
+            threads = torch.get_num_threads()
+            for rank in range(1, world):
+                p = ctx.Process(target=_worker_main, args=(rank, world, port, device, threads, worker_args),
+                                daemon=True, name=f"unmask-tp-rank{rank}")
+                p.start()
+                procs.append(p)
+            try:
+                dist.init_process_group(_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                        world_size=world, timeout=TIMEOUT)
+            except Exception as e:
+                for p in procs:
+                    p.kill()
+                raise TensorParallelError(f"the tensor-parallel group of {world} ranks did not form: {e}") from None
+        ranks = cls(world, TensorParallel(0, world), procs)
+        _ACTIVE.append(ranks)
+        atexit.register(ranks.close)
+        return ranks
+
+    def loaded(self, error: str | None) -> None:
+        """After every rank loaded its shard: the first rank's error, raised here on rank 0."""
+        errors = self._collective(lambda: _gather_objects(error))
+        bad = [(r, e) for r, e in enumerate(errors) if e]
+        if bad:
+            self.close()
+            r, e = bad[0]
+            raise (e if isinstance(e, UnmaskError) else TensorParallelError(f"rank {r} could not load its shard: {e}"))
+
+    def send(self, *commands: tuple) -> None:
+        """Broadcast the queued commands and these (rank 0's RNG state with them)."""
+        batch, self.pending = self.pending + list(commands), []
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
+        self._collective(lambda: dist.broadcast_object_list([(batch, rng)], src=0))
+
+    def queue(self, command: tuple) -> None:
+        self.pending.append(command)
+
+    def new_engine_id(self) -> int:
+        self._engines += 1
+        return self._engines
+
+    def _collective(self, fn):
+        if self.failed:
+            raise TensorParallelError(self.failed)
+        if self.closed:
+            raise TensorParallelError("the tensor-parallel model was closed")
+        try:
+            return fn()
+        except Exception as e:
+            self.fail(e)
+
+    def fail(self, error: BaseException):
+        """A collective failed: find the rank that died, end the group, raise."""
+        if isinstance(error, TensorParallelError):
+            raise error
+        dead = []
+        for rank, p in enumerate(self.procs, start=1):
+            p.join(timeout=2.0)
+            if not p.is_alive():
+                dead.append(f"rank {rank} exited with code {p.exitcode}")
+        what = "; ".join(dead) or f"a collective failed ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        self.failed = f"tensor-parallel group of {self.world} ranks failed: {what}; the model cannot continue"
+        self.close()
+        raise TensorParallelError(self.failed) from None
+
+    def close(self) -> None:
+        """Tell the workers to stop, wait for them, leave the group."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.failed:
+            try:
+                dist.broadcast_object_list([([("stop",)], None)], src=0)
+            except Exception:  # a dead rank: nothing to tell it
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def _gather_objects(obj) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class LockstepEngine:
+    """Rank 0's engine under tensor parallelism: the engine's own surface (add_request, step,
+    abort, release and what the server reads); every call that changes the engine's state is
+    applied here at once and replayed on the other ranks before their next step."""
+
+    def __init__(self, ranks: Ranks, engine, config) -> None:
+        self._ranks, self._engine = ranks, engine
+        self._id = ranks.new_engine_id()
+        ranks.queue(("engine", self._id, config))
+        weakref.finalize(self, ranks.queue, ("close", self._id))
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def add_request(self, prompt, params, request_id=None, watch=False):
+        with self._ranks.lock:
+            req = self._engine.add_request(prompt, params, request_id, watch)
+            self._ranks.queue(("add", self._id, list(prompt), params, req.id, watch))
+            return req
+
+    def abort(self, request_id: str) -> bool:
+        with self._ranks.lock:
+            done = self._engine.abort(request_id)
+            if done:
+                self._ranks.queue(("abort", self._id, request_id))
+            return done
+
+    def release(self, request_id: str) -> None:
+        with self._ranks.lock:
+            self._engine.release(request_id)
+            self._ranks.queue(("release", self._id, request_id))
+
+    def step(self):
+        with self._ranks.lock:
+            self._ranks.send(("step", self._id))
+            try:
+                return self._engine.step()
+            except TensorParallelError:
+                raise
+            except Exception as e:
+                if _collective_failure(e):
+                    self._ranks.fail(e)
+                raise
+
+
+def _collective_failure(e: BaseException) -> bool:
+    """An exception from a collective (a peer gone), not from the engine's own logic."""
+    name = type(e).__name__
+    return name in ("DistBackendError", "DistNetworkError", "DistError") or "gloo" in str(e).lower() or \
+        "connection" in str(e).lower()
+
+
+def run_spmd(ranks: Ranks, command: tuple, local):
+    """Broadcast `command`, then run `local()` here (the other ranks run the same)."""
+    with ranks.lock:
+        ranks.send(command)
+        try:
+            return local()
+        except TensorParallelError:
+            raise
+        except Exception as e:
+            if _collective_failure(e):
+                ranks.fail(e)
+            raise
+
+
+# --- the other ranks ------------------------------------------------------------------------------
+def _worker_main(rank: int, world: int, port: int, device: torch.device, threads: int, worker_args: tuple) -> None:
+    """A spawned rank: join the group, load the shard, serve rank 0's commands until "stop"."""
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group(_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=TIMEOUT)
+    except Exception:
+        raise SystemExit(3) from None
+    _serve(rank, world, device, worker_args)
+    dist.destroy_process_group()
+
+
+def _serve(rank: int, world: int, device: torch.device, worker_args: tuple) -> None:
+    from unmask.llm import LLM  # the front end builds the shard exactly as rank 0 does
+
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)
+    tp = TensorParallel(rank, world)
+    llm, error = None, None
+    try:
+        llm = LLM._shard(tp, *worker_args)
+    except Exception as e:  # reported to rank 0, which raises it
+        error = e if isinstance(e, UnmaskError) else f"{type(e).__name__}: {e}"
+    _gather_objects(error)
+    if error is not None:
+        return
+    engines: dict = {}
+    while True:
+        box = [None]
+        try:
+            dist.broadcast_object_list(box, src=0)
+        except Exception:  # rank 0 is gone
+            raise SystemExit(4) from None
+        batch, rng = box[0]
+        if rng is not None:
+            torch.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state(rng[1])
+        for cmd in batch:
+            kind = cmd[0]
+            if kind == "stop":
+                return
+            try:
+                _apply(llm, engines, cmd)
+            except Exception:
+                traceback.print_exc()
+                raise SystemExit(5) from None
+
+
+def _apply(llm, engines: dict, cmd: tuple) -> None:
+    kind = cmd[0]
+    if kind == "generate":
+        llm._generate_ids(*cmd[1:])
+    elif kind == "engine":
+        engines[cmd[1]] = llm._engine(cmd[2])
+    elif kind == "close":
+        engines.pop(cmd[1], None)
+    elif kind == "add":
+        _, eid, prompt, params, rid, watch = cmd
+        engines[eid].add_request(prompt, params, rid, watch)
+    elif kind == "abort":
+        engines[cmd[1]].abort(cmd[2])
+    elif kind == "release":
+        engines[cmd[1]].release(cmd[2])
+    elif kind == "step":
+        engines[cmd[1]].step()
+    else:
+        raise ValueError(f"unknown tensor-parallel command {kind!r}")
