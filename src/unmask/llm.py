@@ -46,7 +46,7 @@ class LLM:
         device = check_device(device)
         self.ranks = None
         if check_world(tensor_parallel) > 1:
-            self.ranks = Ranks.start(tensor_parallel, device, (str(self.path), dtype, device))
+            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device))
             error = None
             try:
                 self._load(dtype, rank_device(device, 0), self.ranks.tp)

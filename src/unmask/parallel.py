@@ -276,14 +276,14 @@ def _worker_main(rank: int, world: int, port: int, device: torch.device, threads
 
 
 def _serve(rank: int, world: int, device: torch.device, worker_args: tuple) -> None:
-    from unmask.llm import LLM  # the front end builds the shard exactly as rank 0 does
-
+    """`worker_args`: (build, *args); build(tp, *args) makes this rank's front end (LLM._shard:
+    the shard built exactly as rank 0 builds its own)."""
     if device.type == "cuda":
         torch.cuda.set_device(rank)
     tp = TensorParallel(rank, world)
     llm, error = None, None
     try:
-        llm = LLM._shard(tp, *worker_args)
+        llm = worker_args[0](tp, *worker_args[1:])
     except Exception as e:  # reported to rank 0, which raises it
         error = e if isinstance(e, UnmaskError) else f"{type(e).__name__}: {e}"
     _gather_objects(error)

@@ -29,7 +29,14 @@ def add_model_args(p: argparse.ArgumentParser, json_help: str = "print one JSON 
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_parallel_args(p)
     p.add_argument("--json", action="store_true", help=json_help)
+
+
+def add_parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N processes on torch.distributed (gloo on CPU, NCCL on GPUs; "
+                        "docs/scaling.md)")
 
 
 def add_decoding_args(p: argparse.ArgumentParser, defaults: str) -> None:
@@ -114,7 +121,8 @@ def progress_bar(total: int, label: str):
 def load_llm(a: argparse.Namespace):
     from unmask.llm import LLM, default_device
 
-    return LLM(a.model, dtype=a.dtype, device=a.device or default_device())
+    return LLM(a.model, dtype=a.dtype, device=a.device or default_device(),
+               tensor_parallel=getattr(a, "tensor_parallel", 1))
 
 
 def load_for_eval(a: argparse.Namespace):

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from unmask.cli.common import MODEL_HELP, load_llm
+from unmask.cli.common import MODEL_HELP, add_parallel_args, load_llm
 from unmask.errors import UnmaskError
 
 
@@ -43,4 +43,5 @@ def add_parsers(sub) -> dict:
     sv.add_argument("--model", default=None, help=MODEL_HELP)
     sv.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     sv.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_parallel_args(sv)
     return {"serve": cmd_serve}

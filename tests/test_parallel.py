@@ -1,0 +1,254 @@
+"""Tensor parallelism on torch.distributed (gloo, 2 processes on this CPU, one thread each).
+
+N = 2 against N = 1 on every test checkpoint family: greedy tokens identical under every commit
+policy and cache, reference modes included; seeded sampling identical; logits within a stated
+tolerance; the OpenAI server over a tensor-parallel model; a rank that dies ends the job with a
+clear error, never a hang."""
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from checkpoints import (write_diffusion_gemma, write_dream, write_fast_dllm_v2, write_llada, write_llada2,
+                         write_llada_block, write_llada_moe, write_sdar)
+from unmask import LLM
+from unmask.errors import UnmaskError
+from unmask.parallel import TensorParallelError
+
+# logits of N ranks against one process: row-parallel sums are added in another order
+LOGIT_TOL = 1e-4
+
+PROMPTS = [[3, 5, 7, 9, 11], [4, 6]]
+
+MASKED = [  # (policy and cache settings) every masked full-sequence family runs at N = 1 and N = 2
+    dict(gen_length=16, block_length=8, steps=16),
+    dict(gen_length=16, block_length=8, steps=8, cache="prefix"),
+    dict(gen_length=16, block_length=8, policy="threshold", threshold=0.3, cache="dual"),
+    dict(gen_length=16, block_length=8, policy="factor", factor=1.0, cache="adaptive"),
+    dict(gen_length=16, block_length=8, policy="entropy", gamma=1.0, cache="dllm-cache"),
+    dict(gen_length=16, block_length=8, policy="budget", budget=0.5, confidence="margin"),
+    dict(gen_length=16, block_length=8, policy="threshold", threshold=0.3, confidence="neg_entropy"),
+    dict(gen_length=16, block_length=8, policy="edit", threshold=0.3, edit_threshold=0.2),
+    dict(gen_length=16, block_length=8, steps=8, temperature=0.8, seed=11),  # Gumbel draws, vocabulary-local
+    dict(gen_length=16, block_length=8, steps=8, temperature=0.8, top_p=0.9, seed=5),  # gathered logits
+    dict(gen_length=16, block_length=8, steps=8, remasking="random", seed=2),
+]
+BLOCK = [
+    dict(),  # the family's released setting (threshold, exact cache)
+    dict(policy="fixed", steps_per_block=2),
+    dict(policy="threshold", threshold=0.5, cache="exact-dual"),
+    dict(temperature=0.7, seed=3),
+]
+
+FAMILIES = {
+    "llada": (write_llada, MASKED + [dict(gen_length=16, block_length=8, steps=16, compat="llada"),
+                                     dict(gen_length=16, block_length=8, steps=8, compat="fast-dllm", cache="dual",
+                                          threshold=0.3)]),
+    "dream": (write_dream, MASKED + [dict(gen_length=16, steps=16, compat="dream", alg="entropy"),
+                                     dict(gen_length=16, steps=8, compat="dream", temperature=0.7, seed=4)]),
+    "llada_moe": (write_llada_moe, MASKED[:4]),
+    "llada_block": (write_llada_block, BLOCK),
+    "fast_dllm_v2": (write_fast_dllm_v2, BLOCK + [dict(compat="fast-dllm-v2")]),
+    "sdar": (write_sdar, BLOCK),
+    "llada2": (write_llada2, BLOCK + [dict(compat="llada2"), dict(policy="edit", threshold=0.5, edit_threshold=0.3)]),
+    "diffusion_gemma": (lambda f: write_diffusion_gemma(f, full_kv_heads=2),
+                        [dict(seed=3, gen_length=32), dict(seed=8, gen_length=16, stability_threshold=1),
+                         dict(seed=1, compat="diffusion-gemma", gen_length=32)]),
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread per process: the spawned rank inherits this process's count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(llm, settings):
+    out = []
+    for s in settings:
+        try:
+            out.append([(r.text, r.nfe) for r in llm.generate(PROMPTS, dict(s)).results])
+        except UnmaskError as e:  # a setting a family refuses is refused alike
+            out.append(("refused", str(e)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_two_ranks_equal_one(tmp_path, family):
+    """Every policy, cache and reference mode the family runs gives the same tokens and forwards
+    at N = 2 as at N = 1 (greedy, and seeded sampling)."""
+    write, settings = FAMILIES[family]
+    path = write(tmp_path / family)
+    one = _run(LLM(path), settings)
+    assert sum(o[0] != "refused" for o in one) >= max(1, len(settings) - 2)  # the grid really runs
+    with LLM(path, tensor_parallel=2) as two:
+        assert two.tensor_parallel == 2
+        got = _run(two, settings)
+    for s, a, b in zip(settings, one, got):
+        assert a == b, (family, s)
+
+
+def test_ar_twin_two_ranks(tmp_path):
+    """The embedded autoregressive twin (causal cache) at N = 2."""
+    ids = [[5, 6, 7]]
+    one = LLM("default-ar").generate(ids, {"gen_length": 12})
+    with LLM("default-ar", tensor_parallel=2) as two:
+        got = two.generate(ids, {"gen_length": 12})
+    assert [r.text for r in got.results] == [r.text for r in one.results]
+
+
+def test_engine_requests_in_lockstep(tmp_path):
+    """The request engine under N = 2: staggered requests, an abort and releases replayed on rank 1."""
+    from unmask.engine import EngineConfig
+
+    path = write_llada(tmp_path / "m")
+    params = dict(gen_length=16, block_length=8, policy="threshold", threshold=0.3, cache="dual")
+    one = LLM(path)
+    alone = {i: one.generate([p], params).results[0].token_ids for i, p in enumerate(PROMPTS + [[8, 9, 10]])}
+    with LLM(path, tensor_parallel=2) as two:
+        eng = two.engine(EngineConfig(max_num_seqs=4))
+        p = two.default_params(**params)
+        a = eng.add_request(PROMPTS[0], p)
+        eng.step()
+        b = eng.add_request(PROMPTS[1], p)
+        c = eng.add_request([8, 9, 10], p)
+        doomed = eng.add_request([12, 13], p)
+        eng.step()
+        assert eng.abort(doomed.id)
+        while eng.has_unfinished():
+            eng.step()
+        for i, req in enumerate((a, b, c)):
+            got = two.result_of(req.canvas, req.nfe, req.commits, 0.0).token_ids
+            assert got == alone[i]
+            eng.release(req.id)
+        assert not eng.requests or all(r.done for r in eng.requests.values())
+
+
+def test_bad_tensor_parallel_is_refused(tmp_path):
+    path = write_llada(tmp_path / "m")  # 4 heads, 2 key/value heads
+    for bad in (0, -1, "2", 1.5, True):
+        with pytest.raises(UnmaskError, match="tensor_parallel"):
+            LLM(path, tensor_parallel=bad)
+    with pytest.raises(UnmaskError, match="tensor_parallel 3 does not divide the model's 4 attention heads"):
+        LLM(path, tensor_parallel=3)
+    assert not dist.is_initialized()  # nothing half-started is left behind
+    with LLM(path, tensor_parallel=2) as two:  # and a group can start afterwards
+        with pytest.raises(UnmaskError, match="already running"):
+            LLM(path, tensor_parallel=2)
+        assert two.generate([[3, 4]], {"gen_length": 8, "block_length": 8, "steps": 8}).results
+
+
+def test_dead_rank_ends_the_job(tmp_path):
+    """A rank killed between steps, and one killed in the middle of a long generation: rank 0 raises
+    a TensorParallelError naming it within seconds, never hangs."""
+    path = write_llada(tmp_path / "m")
+    params = {"gen_length": 16, "block_length": 8, "steps": 16}
+    two = LLM(path, tensor_parallel=2)
+    two.generate(PROMPTS, params)
+    two.ranks.procs[0].kill()
+    t0 = time.time()
+    with pytest.raises(TensorParallelError, match="rank 1 exited"):
+        two.generate(PROMPTS, params)
+    assert time.time() - t0 < 30
+    with pytest.raises(TensorParallelError):  # the group stays failed
+        two.generate(PROMPTS, params)
+    assert not dist.is_initialized()
+
+    two = LLM(path, tensor_parallel=2)
+    import threading
+
+    killer = threading.Timer(0.5, two.ranks.procs[0].kill)
+    killer.start()
+    t0 = time.time()
+    with pytest.raises(TensorParallelError, match="rank 1"):
+        for _ in range(200):  # long enough to be running when the rank dies
+            two.generate(PROMPTS * 4, {"gen_length": 64, "block_length": 8, "steps": 64})
+    killer.join()
+    assert time.time() - t0 < 60
+    two.close()
+
+
+# --- logits --------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _logits_rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+    from unmask.layers.parallel import TensorParallel
+    from unmask.models.loader import load_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    model, _ = load_model(path, tp=TensorParallel(rank, world))
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13, 2, 4]])
+    pos = torch.arange(ids.shape[1])[None]
+    with torch.inference_mode():
+        whole = model(ids, pos)
+        local = model(ids, pos, vocab_local=True)
+    torch.save({"whole": whole, "local": local}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("write", [write_llada, write_dream, write_llada2, write_llada_moe, write_sdar],
+                         ids=["llada", "dream", "llada2", "llada_moe", "sdar"])
+def test_sharded_logits_match(tmp_path, write):
+    """Each rank's vocabulary slice and the gathered logits are the one-process logits within
+    LOGIT_TOL; the slices tile the vocabulary."""
+    path = write(tmp_path / "m")
+    model = LLM(path).model
+    ids = torch.tensor([[3, 5, 7, 9, 11, 13, 2, 4]])
+    with torch.inference_mode():
+        ref = model(ids, torch.arange(ids.shape[1])[None])
+    out = str(tmp_path / "logits")
+    torch.multiprocessing.start_processes(_logits_rank, args=(2, _free_port(), str(path), out), nprocs=2,
+                                          start_method="spawn")
+    parts = [torch.load(f"{out}.{r}") for r in range(2)]
+    for p in parts:
+        torch.testing.assert_close(p["whole"], ref, rtol=LOGIT_TOL, atol=LOGIT_TOL)
+    torch.testing.assert_close(torch.cat([p["local"] for p in parts], -1), ref, rtol=LOGIT_TOL, atol=LOGIT_TOL)
+    assert parts[0]["local"].shape[-1] + parts[1]["local"].shape[-1] == ref.shape[-1]
+
+
+def test_server_over_two_ranks():
+    """The OpenAI server over a tensor-parallel embedded model: concurrent streamed and plain
+    completions equal the one-process offline text; a rank killed afterwards gives an
+    OpenAI-shaped error, not a hang."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import Server
+
+    prompts = ["copy : red 4 owl", "sort : 7 4 0", "reverse : sun 3 cat tree"]
+    one = LLM("default")
+    want = [one.generate([p], one.default_params(gen_length=16)).results[0].text for p in prompts]
+    two = LLM("default", tensor_parallel=2)
+    server = Server(two, served_model_name="default")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+        def ask(i):
+            if i % 2:
+                chunks = client.completions.create(model="default", prompt=prompts[i], max_tokens=16, stream=True)
+                return "".join(c.choices[0].text for c in chunks if c.choices)
+            return client.completions.create(model="default", prompt=prompts[i], max_tokens=16).choices[0].text
+
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(ask, range(3))) == want
+        two.ranks.procs[0].kill()
+        with pytest.raises(openai.APIError):
+            client.completions.create(model="default", prompt=prompts[0], max_tokens=16)
+    finally:
+        server.stop()
+        two.close()
