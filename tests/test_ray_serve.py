@@ -1,0 +1,142 @@
+"""`unmask serve --replicas`: the OpenAI server's own tests run again through Ray Serve (Ray's HTTP
+proxy, the OpenAI ingress, two engine replicas), the API key through a second application, and a
+replica killed in the middle of a bounded load on loopback. One local Ray instance for the module;
+it stops with the module."""
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from test_server import (  # noqa: E402  the same tests, through the proxy (their fixtures are this module's)
+    PROMPTS,
+    _offline,
+    test_chat_stream_and_usage,
+    test_completion_stream_equals_non_stream_equals_llm_generate,
+    test_diffusion_knobs_as_extra_body_fields,
+    test_errors_in_openai_shape,
+    test_health_models_metrics,
+    test_malformed_json_is_400,
+    test_max_tokens_is_the_canvas_and_length_is_reported,
+    test_n_choices_stream_and_not,
+    test_playground_event_stream,
+    test_stop_strings_across_chunks,
+)
+
+from unmask.server.ray_serve import build  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+__all__ = ["test_chat_stream_and_usage", "test_completion_stream_equals_non_stream_equals_llm_generate",
+           "test_diffusion_knobs_as_extra_body_fields", "test_errors_in_openai_shape", "test_health_models_metrics",
+           "test_malformed_json_is_400", "test_max_tokens_is_the_canvas_and_length_is_reported",
+           "test_n_choices_stream_and_not", "test_playground_event_stream", "test_stop_strings_across_chunks"]
+
+
+class RayServer:
+    """Ray Serve on loopback: the plain application at /, a keyed one at /keyed."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        # logical CPUs: three replicas of one thread each share this machine's two cores
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
+        serve.run(build("default", replicas=2, served_model_name="default"), name="plain", route_prefix="/")
+        serve.run(build("default", replicas=1, served_model_name="default", api_key="sesame"), name="keyed",
+                  route_prefix="/keyed")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = RayServer()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def llm(embedded):
+    return embedded
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def test_api_key_through_the_proxy(server):
+    url = server.url + "/keyed/v1/completions"
+    body = {"model": "default", "prompt": PROMPTS[0]}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(url, json=body, headers={"Authorization": "Bearer sesame"}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "red 4 owl"
+
+
+def test_requests_spread_over_both_replicas(server):
+    """Ray's router sends concurrent requests to both replicas (each /health answer comes from one)."""
+    pids = set()
+    for _ in range(20):
+        h = serve.get_deployment_handle("EngineReplica", app_name="plain")
+        pids.add(h.pid_.remote().result())
+    assert len(pids) == 2
+
+
+def test_a_replica_killed_under_load(llm, server, client):
+    """24 concurrent requests (half streamed); one replica is killed while they run. Its in-flight
+    requests end with OpenAI-shaped errors within the timeout; every other one returns the text it
+    gets alone; Ray replaces the replica; afterwards nothing runs or waits."""
+    kw = dict(policy="fixed", steps=48, cache="none", block_length=8)  # slow enough to be running at the kill
+    want = {p: _offline(llm, p, gen_length=48, **kw) for p in PROMPTS}
+
+    def ask(i):
+        p = PROMPTS[i % len(PROMPTS)]
+        try:
+            if i % 2:
+                chunks = client.completions.create(model="default", prompt=p, max_tokens=48, stream=True, extra_body=kw)
+                return p, "".join(c.choices[0].text for c in chunks if c.choices)
+            return p, client.completions.create(model="default", prompt=p, max_tokens=48, extra_body=kw).choices[0].text
+        except openai.APIError as e:  # an OpenAI-shaped error: the openai client parsed it
+            return p, e
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if "EngineReplica" in a["name"] and "plain" in a["name"]]
+    victim = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+    t0 = time.time()
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(ask, i) for i in range(24)]
+        time.sleep(1.0)
+        ray.kill(victim, no_restart=False)
+        results = [f.result(timeout=120) for f in futures]
+    assert time.time() - t0 < 120
+    lost = [r for _, r in results if isinstance(r, Exception)]
+    for p, r in results:
+        if not isinstance(r, Exception):
+            assert r == want[p]
+        else:
+            assert "replica" in str(r) or "server_error" in str(r)
+    print(f"replica killed under load: {len(lost)} of {len(results)} requests lost")
+    assert len(lost) < len(results)  # the other replica served its share
+    deadline = time.time() + 90  # Ray replaces the dead replica
+    while time.time() < deadline:
+        st = serve.status().applications["plain"].deployments["EngineReplica"]
+        if st.replica_states.get("RUNNING", 0) == 2:
+            break
+        time.sleep(1)
+    assert serve.status().applications["plain"].deployments["EngineReplica"].replica_states.get("RUNNING", 0) == 2
+    assert client.completions.create(model="default", prompt=PROMPTS[0]).choices[0].text == "red 4 owl"
+    for _ in range(6):  # nothing left running or waiting on any replica
+        h = httpx.get(server.url + "/health", timeout=30).json()
+        assert h["running"] == 0 and h["waiting"] == 0
