@@ -52,18 +52,14 @@ def run_task(llm: LLM, task: str, n: int, params: GenerationParams, batch_size: 
     them. `progress(k)` is called after each batch of k examples."""
     run = TaskRun(task)
     examples = examples_of(task, n, split)
-    for i in range(0, n, batch_size):
-        chunk = examples[i : i + batch_size]
-        out = llm.generate([ex.prompt for ex in chunk], params, chat=False)
-        run.outputs.append(out)
-        for ex, r in zip(chunk, out.results):
-            s = score(ex, r.text)
-            run.flags.append(s.exact)
-            run.token_accuracy.append(s.token_accuracy)
-            if len(run.samples) < keep_samples:
-                run.samples.append({"prompt": ex.prompt, "gold": ex.answer, "output": r.text, "exact": s.exact})
-        if progress:
-            progress(len(chunk))
+    run.outputs = llm.generate_batches([ex.prompt for ex in examples], params, batch_size, chat=False,
+                                       progress=progress)
+    for ex, r in zip(examples, (r for out in run.outputs for r in out.results)):
+        s = score(ex, r.text)
+        run.flags.append(s.exact)
+        run.token_accuracy.append(s.token_accuracy)
+        if len(run.samples) < keep_samples:
+            run.samples.append({"prompt": ex.prompt, "gold": ex.answer, "output": r.text, "exact": s.exact})
     return run
 
 

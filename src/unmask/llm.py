@@ -154,6 +154,18 @@ class LLM:
             return run_spmd(self.ranks, ("generate", ids, params), lambda: self._generate_ids(ids, params))
         return self._generate_ids(ids, params)
 
+    def generate_batches(self, prompts: list, params: GenerationParams, batch_size: int, chat: bool | None = False,
+                         unknown_words: str = "error", progress=None) -> list[BatchOutput]:
+        """`prompts` decoded `batch_size` at a time: one BatchOutput per batch, in order;
+        `progress(k)` after each batch of k prompts. (unmask.bench.data_parallel spreads the
+        batches over Ray Data actors with the same results.)"""
+        outs = []
+        for i in range(0, len(prompts), batch_size):
+            outs.append(self.generate(prompts[i : i + batch_size], params, chat=chat, unknown_words=unknown_words))
+            if progress:
+                progress(len(outs[-1].results))
+        return outs
+
     def _generate_ids(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
         if params.compat is None:
             return self._generate_engine(ids, params)

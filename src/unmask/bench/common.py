@@ -27,12 +27,9 @@ def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=
     each batch of k prompts."""
     warn_unknown_words(llm, prompts)
     results, seconds = [], 0.0
-    for i in range(0, len(prompts), batch_size):
-        out = llm.generate(prompts[i : i + batch_size], params, chat=False, unknown_words="ignore")
+    for out in llm.generate_batches(prompts, params, batch_size, chat=False, unknown_words="ignore", progress=progress):
         seconds += out.seconds
         results += out.results
-        if progress:
-            progress(len(out.results))
     tokens = sum(r.num_tokens for r in results)
     nfe = sum(r.nfe for r in results) / max(len(results), 1)
     return Batched(results, nfe, tokens / seconds if seconds else 0.0, seconds)

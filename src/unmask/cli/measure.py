@@ -6,7 +6,7 @@ import math
 import sys
 import time
 
-from unmask.cli.common import parse_tasks, positive, progress_bar
+from unmask.cli.common import add_data_parallel_args, data_parallel, parse_tasks, positive, progress_bar
 from unmask.errors import UnmaskError
 from unmask.files import check_figure_path, output_file, output_folder, writable_folder, write_json_atomic
 from unmask.params import GenerationParams
@@ -59,13 +59,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from unmask.llm import default_device
 
     device = a.device or default_device()
-    diffusion = LLM(a.model, dtype=a.dtype, device=device)
-    ar = None if a.ar_model == "none" else LLM(a.ar_model, dtype=a.dtype, device=device)
+    positive("data-parallel", a.data_parallel)
+    diffusion = data_parallel(LLM(a.model, dtype=a.dtype, device=device), a)
+    ar = None if a.ar_model == "none" else data_parallel(LLM(a.ar_model, dtype=a.dtype, device=device), a)
     gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
     block = None
     if a.block_model is not None:  # a block-diffusion model on the same examples, with its exact cache
-        block = LLM(a.block_model, dtype=a.dtype, device=device)
+        block = data_parallel(LLM(a.block_model, dtype=a.dtype, device=device), a)
         if not block.arch.block_size:
             raise UnmaskError(f"--block-model {a.block_model} is not a block-diffusion model (no bd_size)")
         block_policies = parse_policies(a.block_policies) if a.block_policies else policies
@@ -187,6 +188,7 @@ def add_parsers(sub) -> dict:
     b.add_argument("--block-caches", default="exact", help="its cache policies (default: exact)")
     b.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_data_parallel_args(b)
     b.add_argument("--quick", action="store_true", help="a few-minute preset")
     b.add_argument("--policies", default=None, help="policy:knob list, e.g. fixed:1,threshold:0.9,entropy:0.5")
     b.add_argument("--caches", default=None,

@@ -1,7 +1,8 @@
-"""`unmask serve --replicas`: the OpenAI server's own tests run again through Ray Serve (Ray's HTTP
-proxy, the OpenAI ingress, two engine replicas), the API key through a second application, and a
-replica killed in the middle of a bounded load on loopback. One local Ray instance for the module;
-it stops with the module."""
+"""Ray: `unmask serve --replicas` (the OpenAI server's own tests run again through Ray Serve: Ray's
+HTTP proxy, the OpenAI ingress, two engine replicas; the API key through a second application; a
+replica killed in the middle of a bounded load on loopback) and `--data-parallel` on Ray Data (the
+same per-example results as one process). One local Ray instance for the module; it stops with
+the module."""
 
 import socket
 import time
@@ -46,8 +47,6 @@ class RayServer:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        # logical CPUs: three replicas of one thread each share this machine's two cores
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": self.port})
         serve.run(build("default", replicas=2, served_model_name="default"), name="plain", route_prefix="/")
         serve.run(build("default", replicas=1, served_model_name="default", api_key="sesame"), name="keyed",
@@ -56,11 +55,18 @@ class RayServer:
 
     def stop(self) -> None:
         serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def server():
+def ray_cluster():
+    # logical CPUs: three replicas and two Data actors of one thread each share this machine's two cores
+    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster):
     s = RayServer()
     yield s
     s.stop()
@@ -140,3 +146,37 @@ def test_a_replica_killed_under_load(llm, server, client):
     for _ in range(6):  # nothing left running or waiting on any replica
         h = httpx.get(server.url + "/health", timeout=30).json()
         assert h["running"] == 0 and h["waiting"] == 0
+
+
+def test_data_parallel_equals_one_process(llm, ray_cluster):
+    """eval, GSM8K and the bench's measurement on two Ray Data actors: the same per-example results
+    (and forwards) as one process; the progress callback sees every example."""
+    from unmask.bench import gsm8k
+    from unmask.bench.data_parallel import DataParallelLLM
+    from unmask.evaluate import evaluate
+
+    dp = DataParallelLLM(llm, 2, actor_cpus=1)
+    params = llm.default_params(gen_length=16)
+    seen = []
+    one = evaluate(llm, ("copy", "sort"), 10, params, batch_size=4, keep_samples=10)
+    two = evaluate(dp, ("copy", "sort"), 10, params, batch_size=4, keep_samples=10, progress=seen.append)
+    assert sum(seen) == 20
+    for a, b in zip(one, two):
+        assert a.flags == b.flags and a.samples == b.samples and a.nfe == b.nfe
+    sampled = llm.default_params(gen_length=16, temperature=0.8, seed=3)
+    assert [r.text for o in dp.generate_batches(["copy : red 4 owl"] * 3, sampled, 2) for r in o.results] == \
+        [r.text for o in llm.generate_batches(["copy : red 4 owl"] * 3, sampled, 2) for r in o.results]
+    with pytest.warns(Warning):
+        g1 = gsm8k.run(llm, llm.default_params(gen_length=16), n=3, shots=1, batch_size=2)
+    with pytest.warns(Warning):
+        g2 = gsm8k.run(dp, llm.default_params(gen_length=16), n=3, shots=1, batch_size=2)
+    assert g1.samples == g2.samples
+
+
+def test_data_parallel_is_refused_by_name(llm, ray_cluster):
+    from unmask.bench.data_parallel import DataParallelLLM
+    from unmask.errors import UnmaskError
+
+    for bad in (0, -2, "2", True):
+        with pytest.raises(UnmaskError, match="data_parallel"):
+            DataParallelLLM(llm, bad)
