@@ -51,10 +51,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args, scheduling: str, model: str | None = None) -> None:
+    def __init__(self, args, scheduling: str, model: str | None = None, replicas: int | None = None) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-m", "unmask", "serve", "--port", str(self.port), "--device", "cpu",
                "--scheduling", scheduling, "--max-num-seqs", str(args.max_num_seqs), "--max-waiting", "100000"]
+        if replicas:  # Ray Serve: each replica reserves one of the machine's CPUs and runs one thread
+            cmd += ["--replicas", str(replicas), "--replica-cpus", "1"]
         if model or args.model:
             cmd += ["--model", model or args.model]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -71,8 +73,12 @@ class ServerProcess:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        self.proc.send_signal(2)  # Ctrl-C: a Ray Serve server shuts its replicas down gracefully
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
 
 def trace(rate: float, n: int, max_seconds: float, seed: int) -> list[tuple[float, str]]:
@@ -91,10 +97,11 @@ def trace(rate: float, n: int, max_seconds: float, seed: int) -> list[tuple[floa
 async def one(client, url: str, t0: float, at: float, prompt: str, body: dict) -> dict:
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
     sent = time.perf_counter()
-    chunks, text, status = [], "", None
+    chunks, text, status, replica = [], "", None, None
     try:
         async with client.stream("POST", url + "/v1/completions", json={"prompt": prompt, "stream": True, **body}) as r:
             status = r.status_code
+            replica = r.headers.get("x-unmask-replica")
             if status != 200:
                 await r.aread()
             else:
@@ -109,7 +116,8 @@ async def one(client, url: str, t0: float, at: float, prompt: str, body: dict) -
         status = f"{type(e).__name__}"
     end = time.perf_counter()
     return {"sent": sent - t0, "status": status, "ttft": (chunks[0] - sent) if chunks else None,
-            "e2e": end - sent, "gaps": [b - a for a, b in zip(chunks, chunks[1:])], "chars": len(text)}
+            "e2e": end - sent, "gaps": [b - a for a, b in zip(chunks, chunks[1:])], "chars": len(text),
+            "replica": replica}
 
 
 async def run_trace(url: str, arrivals, body: dict) -> tuple[list[dict], float]:
@@ -127,7 +135,11 @@ def summarise(results: list[dict], seconds: float, offered: float, slo_ttft: flo
     gaps = [g for r in ok for g in r["gaps"]]
     good = [r for r in ok if r["ttft"] is not None and r["ttft"] <= slo_ttft and r["e2e"] <= slo_e2e]
     pct = lambda v: {f"p{q}": percentile(v, q) for q in (50, 95, 99)}  # noqa: E731
-    return {"offered_rps": offered, "requests": len(results), "completed": len(ok),
+    replicas: dict = {}
+    for r in ok:
+        if r.get("replica"):
+            replicas[r["replica"]] = replicas.get(r["replica"], 0) + 1
+    return {"offered_rps": offered, "requests": len(results), "completed": len(ok), "per_replica": replicas,
             "errors": len(results) - len(ok), "seconds": seconds, "throughput_rps": len(ok) / seconds,
             "ttft_s": pct(ttft), "e2e_s": pct(e2e), "inter_chunk_s": pct(gaps),
             "goodput_rps": len(good) / seconds, "mean_ttft_s": statistics.fmean(ttft) if ttft else None}
@@ -196,7 +208,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200, help="arrivals per rate at most")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="arrival window per rate at most")
     ap.add_argument("--modes", default="continuous,static,ar-twin",
-                    help="continuous, static (batches drain first) and ar-twin (the AR twin, continuous)")
+                    help="continuous, static (batches drain first), ar-twin (the AR twin, continuous), and ray-1 / "
+                         "ray-2 (continuous, behind Ray Serve with 1 or 2 replicas)")
     ap.add_argument("--ar-model", default="default-ar")
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--slo-ttft", type=float, default=0.25)
@@ -211,7 +224,8 @@ def main() -> None:
     results, probe = {}, None
     for mode in a.modes.split(","):
         ar = mode == "ar-twin"
-        server = ServerProcess(a, "continuous" if ar else mode, a.ar_model if ar else None)
+        replicas = int(mode.split("-")[1]) if mode.startswith("ray-") else None
+        server = ServerProcess(a, "continuous" if ar or replicas else mode, a.ar_model if ar else None, replicas)
         try:
             results[mode] = []
             for i, rate in enumerate(rates):
@@ -222,7 +236,8 @@ def main() -> None:
                 print(f"{mode:10} offered {rate:6.1f}/s  done {s['throughput_rps']:6.1f}/s  "
                       f"TTFT p50/p95 {1e3 * (s['ttft_s']['p50'] or 0):7.1f}/{1e3 * (s['ttft_s']['p95'] or 0):7.1f} ms  "
                       f"E2E p95 {1e3 * (s['e2e_s']['p95'] or 0):7.1f} ms  goodput {s['goodput_rps']:6.1f}/s  "
-                      f"errors {s['errors']}", flush=True)
+                      f"errors {s['errors']}" + (f"  per replica {sorted(s['per_replica'].values())}"
+                                                 if s["per_replica"] else ""), flush=True)
             if mode == "continuous":
                 probe = probe_short_behind_long(server.url, body, 256, 4)
                 print(f"short behind long: TTFT {[round(1e3 * t, 1) for t in probe['short_ttft_s']]} ms, "

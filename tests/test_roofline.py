@@ -99,3 +99,30 @@ def test_renoising_roofline_counts_the_canvas(capsys):
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["canvas"] == 256 and {row["batch"] for row in out["rows"]} == {1, 8}
+
+
+def test_tensor_parallel_roofline(capsys):
+    """N ranks read and compute 1/N each and pay 2 all-reduces per layer (3 for DiffusionGemma's
+    dense MLP beside its experts); one rank pays none; a model too big for one GPU is marked."""
+    from unmask.bench import roofline as rl
+    from unmask.cli import main
+
+    arch = rl.dense_shape("llada-8b")
+    r = rl.build("h200", arch)
+    t = rl.tp_table(r, arch, rl.LINKS["h200"], (1, 2, 8), gpu_memory=rl.GPU_MEMORY["h200"])
+    one = [row for row in t["rows"] if row["ranks"] == 1]
+    assert all(row["comm_ms"] == 0 and row["speedup"] == 1 and row["fits"] for row in one)
+    canvas = [row for row in t["rows"] if row["forward"] == "canvas (256)" and row["batch"] == 64]
+    assert [row["ranks"] for row in canvas] == [1, 2, 8]
+    assert canvas[1]["compute_ms"] == pytest.approx(canvas[0]["compute_ms"] / 2)
+    assert 1 < canvas[1]["speedup"] < 2 and canvas[2]["all_reduces"] == 2 * 32 + 1
+    gemma = rl.renoise_shape("diffusiongemma-26b-a4b")
+    g = rl.tp_table(rl.build("h200", gemma), gemma, rl.LINKS["h200"], (2,))
+    assert g["rows"][0]["all_reduces"] == 3 * 30 + 1
+    flash = rl.moe_shape("llada2-flash")
+    f = rl.tp_table(rl.build("h200", flash), flash, rl.LINKS["h200"], (1, 2), gpu_memory=rl.GPU_MEMORY["h200"])
+    assert [row["fits"] for row in f["rows"][:2]] == [False, True]
+    assert main(["roofline", "--model", "llada-8b", "--hardware", "h200", "--tensor-parallel", "1,4"]) == 0
+    assert "speedup" in capsys.readouterr().out
+    assert main(["roofline", "--tensor-parallel", "2"]) == 2
+    assert "needs --model" in capsys.readouterr().err

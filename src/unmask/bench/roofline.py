@@ -261,6 +261,74 @@ def renoise_shape(name: str):
         "sliding_window": 1024, "max_position_embeddings": 262144}})
 
 
+def dense_shape(name: str):
+    """LLaDA-8B (GSAI-ML/LLaDA-8B-Instruct config.json): 32 layers of 4096, 32 heads (no GQA), MLP
+    12288, vocabulary 126464, untied head."""
+    from unmask.models.base import ArchConfig
+
+    assert name == "llada-8b"
+    return ArchConfig("llada", 126464, 4096, 32, 32, 32, 12288, 500000.0, 1e-5, 4096)
+
+
+# interconnect per GPU, one direction (NVLink 4 on H100 / H200: 900 GB/s both ways; NVLink 3 on
+# A100: 600 GB/s), and a small all-reduce's latency inside one node (NCCL, a few microseconds
+# per hop; 15 us assumed)
+LINKS = {"h100-sxm": 450e9, "h200": 450e9, "a100-80gb": 300e9}
+GPU_MEMORY = {"h100-sxm": 80e9, "h200": 141e9, "a100-80gb": 80e9}
+ALL_REDUCE_LATENCY = 15e-6
+
+
+def tp_table(r: Roofline, arch, link: float, worlds=(1, 2, 4, 8), shapes=None, context: int = 0,
+             gpu_memory: float | None = None) -> dict:
+    """Tensor (and expert) parallelism over N GPUs of one node: each rank reads 1/N of the weights
+    and computes 1/N of the FLOPs, then all-reduces the (positions x hidden) activations after
+    every row-parallel block (attention output, MLP or expert combine; DiffusionGemma's dense MLP
+    and experts are reduced apart: 3 per layer), as a ring: 2 (N-1)/N of the bytes over the link,
+    plus a fixed latency each; no overlap of communication with compute is assumed (the upper side).
+    `shapes`: (label, positions, batch) forwards to price, default AR (1 x b), a block-diffusion
+    step (32 x b) and a whole 256-position canvas (256 x b) at b = 1 and 64."""
+    m = r.model
+    bpe = m.kv_bytes_per_element if m.kv_dim else 2.0
+    per_layer = 3 if getattr(arch.layout, "full_kv_heads", None) is not None else 2
+    reduces = per_layer * arch.num_layers + 1  # + the vocabulary-parallel embedding
+    shapes = shapes or [("AR step", 1, 1), ("block step (32)", 32, 1), ("canvas (256)", 256, 1),
+                        ("AR step", 1, 64), ("block step (32)", 32, 64), ("canvas (256)", 256, 64)]
+    rows = []
+    for label, g, b in shapes:
+        n = g * b
+        base = None
+        for w in worlds:
+            memory = m.read_bytes(n) / w / r.hw.bandwidth
+            compute = n * m.flops_per_position / w / r.hw.peak_flops
+            if m.num_layers and context:
+                memory += b * context * m.num_layers * 2 * m.kv_dim * bpe / w / r.hw.bandwidth
+                compute += n * m.num_layers * 4 * context * m.q_dim / w / r.hw.peak_flops
+            moved = n * arch.hidden_size * bpe
+            comm = 0.0 if w == 1 else reduces * (ALL_REDUCE_LATENCY + 2 * (w - 1) / w * moved / link)
+            total = max(memory, compute) + comm
+            base = base or total
+            rows.append({"forward": label, "positions": g, "batch": b, "ranks": w,
+                         "weights_gb_per_rank": m.weight_bytes / w / 1e9,
+                         "fits": gpu_memory is None or m.weight_bytes / w < 0.9 * gpu_memory, "compute_ms": 1e3 * max(memory, compute),
+                         "bound": "memory" if memory >= compute else "compute", "comm_ms": 1e3 * comm,
+                         "all_reduces": reduces if w > 1 else 0, "mb_per_all_reduce": moved / 1e6,
+                         "step_ms": 1e3 * total, "speedup": base / total})
+    return {"link_gb_s": link / 1e9, "all_reduce_latency_us": ALL_REDUCE_LATENCY * 1e6, "rows": rows}
+
+
+def format_tp(t: dict, hw: Hardware) -> str:
+    lines = [f"tensor parallel on {hw.name}: link {t['link_gb_s']:.0f} GB/s per GPU and direction, "
+             f"{t['all_reduce_latency_us']:.0f} us per all-reduce; no compute/communication overlap",
+             f"  {'forward':16} {'batch':>5} {'N':>3} {'GB/rank':>8} {'compute ms':>10} {'bound':>7} "
+             f"{'comm ms':>8} {'step ms':>8} {'speedup':>7}"]
+    for row in t["rows"]:
+        lines.append(f"  {row['forward']:16} {row['batch']:5d} {row['ranks']:3d} {row['weights_gb_per_rank']:8.2f} "
+                     f"{row['compute_ms']:10.3f} {row['bound']:>7} {row['comm_ms']:8.3f} {row['step_ms']:8.3f} "
+                     f"{row['speedup']:7.2f}" + ("" if row["fits"] else "  (weights do not fit one GPU)"))
+    return "\n".join(lines)
+
+
+DENSE_SHAPES = ("llada-8b",)
 MOE_SHAPES = ("llada2-mini", "llada2-flash")
 RENOISE_SHAPES = ("diffusiongemma-26b-a4b",)
 

@@ -140,7 +140,7 @@ def cmd_roofline(a: argparse.Namespace) -> int:
     if a.params is not None and not (math.isfinite(a.params) and a.params > 0):
         raise UnmaskError(f"--params {a.params:g} must be a finite number > 0")
     defaults = {k: ROOFLINE_DEFAULTS[k] for k in ("prompt", "gen", "tau", "block", "batches")}
-    custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param))
+    custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param, a.tensor_parallel))
               or a.json or a.attention or any(getattr(a, k) != v for k, v in defaults.items()))
     if not custom:  # no flag at all: seed 000's worked example
         print(rl.seed_example())
@@ -155,12 +155,25 @@ def cmd_roofline(a: argparse.Namespace) -> int:
 
         if a.model in rl.MOE_SHAPES:
             arch = rl.moe_shape(a.model)
+        elif a.model in rl.DENSE_SHAPES:
+            arch = rl.dense_shape(a.model)
         elif a.model in rl.RENOISE_SHAPES:
             arch = rl.renoise_shape(a.model)
         else:
             cfg = read_json(resolve_model_path(a.model) / "config.json")
             arch = resolve_family(cfg).arch(cfg)
     model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention)
+    if a.tensor_parallel is not None:  # the step times of N ranks of one node
+        worlds = parse_ints("tensor-parallel", a.tensor_parallel)
+        if arch is None:
+            raise UnmaskError("--tensor-parallel needs --model (the layer and hidden sizes come from its config)")
+        if (a.hardware or "h100-sxm") not in rl.LINKS:
+            raise UnmaskError(f"--tensor-parallel prices GPU links; choose --hardware {', '.join(rl.LINKS)}")
+        table = rl.tp_table(model, arch, rl.LINKS[a.hardware or "h100-sxm"], worlds,
+                            context=a.prompt + a.gen if a.attention else 0,
+                            gpu_memory=rl.GPU_MEMORY[a.hardware or "h100-sxm"])
+        print(json.dumps(table) if a.json else rl.format_tp(table, model.hw))
+        return 0
     if arch is not None and arch.canvas_length:  # a renoising model: its cost per canvas
         if a.plot:
             raise UnmaskError("--plot draws AR against masked diffusion; a renoising model prints its table")
@@ -218,7 +231,7 @@ def add_parsers(sub) -> dict:
     r = sub.add_parser("roofline", help="predict AR vs diffusion latency and throughput (seed 000's cost model)")
     r.add_argument("--hardware", default=None, help="h100-sxm, h200, a100-80gb or cpu (measured now)")
     r.add_argument("--model", default=None, help="checkpoint folder, 'default' for the model's size, or a published "
-                   "mixture-of-experts shape: llada2-mini, llada2-flash, diffusiongemma-26b-a4b")
+                   "shape: llada-8b, llada2-mini, llada2-flash, diffusiongemma-26b-a4b")
     r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
     r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
     r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")
@@ -229,5 +242,7 @@ def add_parsers(sub) -> dict:
     r.add_argument("--block", type=int, default=d["block"], help="positions recomputed per cached step (G)")
     r.add_argument("--batches", default=d["batches"])
     r.add_argument("--plot", default=None, help="write a throughput-vs-batch PNG here")
+    r.add_argument("--tensor-parallel", default=None, metavar="N,...",
+                   help="step times on N GPUs of one node (e.g. 1,2,4,8), with the all-reduces they add")
     r.add_argument("--json", action="store_true")
     return {"bench": cmd_bench, "roofline": cmd_roofline}

@@ -5,6 +5,7 @@ Two deployments, as Ray's own LLM serving (ray.serve.llm) arranges them:
   app (server/app.py: the same routes, checks, errors, streaming and playground) with its own
   engine and model, each replica with its CPUs / GPUs declared to Ray; `check_health` reports an
   engine that stopped, so Ray replaces the replica.
+  Each response names its replica in the `x-unmask-replica` header.
 - `OpenAIIngress` (behind Ray's HTTP proxy): hands each HTTP request, whole, to a replica through
   a Ray deployment handle (Ray's request router picks the replica: power of two choices over
   ongoing requests) and streams the replica's response back as it comes. When the replica dies
@@ -59,6 +60,7 @@ class EngineReplica:
         self._lifespan = None
         self._start = asyncio.Lock()
         self.pid = os.getpid()
+        self.replica = f"{serve.get_replica_context().replica_id.unique_id}"  # named in each response's header
 
     async def _started(self) -> None:
         async with self._start:
@@ -104,7 +106,7 @@ class EngineReplica:
                 msg = get.result()
                 if msg["type"] == "http.response.start":
                     headers = [(k.decode(), v.decode()) for k, v in msg.get("headers", []) if k.lower() not in _HOP]
-                    yield ("start", msg["status"], headers)
+                    yield ("start", msg["status"], headers + [("x-unmask-replica", self.replica)])
                 elif msg["type"] == "http.response.body":
                     if msg.get("body"):
                         yield ("body", msg["body"])
