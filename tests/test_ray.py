@@ -130,9 +130,9 @@ def test_a_replica_killed_under_load(llm, server, client):
     lost = [r for _, r in results if isinstance(r, Exception)]
     for p, r in results:
         if not isinstance(r, Exception):
-            assert r == want[p]
-        else:
-            assert "replica" in str(r) or "server_error" in str(r)
+            assert r == want[p], (p, r)
+        else:  # the replica's death, as an OpenAI error body or stream event (not a timeout)
+            assert "replica" in str(r) or "server_error" in str(r), (type(r).__name__, str(r))
     print(f"replica killed under load: {len(lost)} of {len(results)} requests lost")
     assert len(lost) < len(results)  # the other replica served its share
     deadline = time.time() + 90  # Ray replaces the dead replica
@@ -141,11 +141,12 @@ def test_a_replica_killed_under_load(llm, server, client):
         if st.replica_states.get("RUNNING", 0) == 2:
             break
         time.sleep(1)
-    assert serve.status().applications["plain"].deployments["EngineReplica"].replica_states.get("RUNNING", 0) == 2
+    assert serve.status().applications["plain"].deployments["EngineReplica"].replica_states.get("RUNNING", 0) == 2, \
+        serve.status().applications["plain"].deployments["EngineReplica"]
     assert client.completions.create(model="default", prompt=PROMPTS[0]).choices[0].text == "red 4 owl"
     for _ in range(6):  # nothing left running or waiting on any replica
         h = httpx.get(server.url + "/health", timeout=30).json()
-        assert h["running"] == 0 and h["waiting"] == 0
+        assert h.get("running") == 0 and h.get("waiting") == 0, h
 
 
 def test_data_parallel_equals_one_process(llm, ray_cluster):
@@ -156,16 +157,13 @@ def test_data_parallel_equals_one_process(llm, ray_cluster):
     from unmask.evaluate import evaluate
 
     dp = DataParallelLLM(llm, 2, actor_cpus=1)
-    params = llm.default_params(gen_length=16)
+    params = llm.default_params(gen_length=16, temperature=0.8, seed=3)  # seeded sampling: batch-invariant too
     seen = []
-    one = evaluate(llm, ("copy", "sort"), 10, params, batch_size=4, keep_samples=10)
-    two = evaluate(dp, ("copy", "sort"), 10, params, batch_size=4, keep_samples=10, progress=seen.append)
-    assert sum(seen) == 20
+    one = evaluate(llm, ("sort",), 12, params, batch_size=4, keep_samples=12)
+    two = evaluate(dp, ("sort",), 12, params, batch_size=4, keep_samples=12, progress=seen.append)
+    assert sum(seen) == 12
     for a, b in zip(one, two):
         assert a.flags == b.flags and a.samples == b.samples and a.nfe == b.nfe
-    sampled = llm.default_params(gen_length=16, temperature=0.8, seed=3)
-    assert [r.text for o in dp.generate_batches(["copy : red 4 owl"] * 3, sampled, 2) for r in o.results] == \
-        [r.text for o in llm.generate_batches(["copy : red 4 owl"] * 3, sampled, 2) for r in o.results]
     with pytest.warns(Warning):
         g1 = gsm8k.run(llm, llm.default_params(gen_length=16), n=3, shots=1, batch_size=2)
     with pytest.warns(Warning):

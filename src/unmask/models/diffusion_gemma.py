@@ -375,7 +375,8 @@ class DiffusionGemmaModel(nn.Module):
     values and mask to attend over."""
 
     tp_plan = {
-        r"model\.decoder\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj)": "col",
+        r"model\.decoder\.layers\.\d+\.self_attn\.q_proj": "col",
+        r"model\.decoder\.layers\.\d+\.self_attn\.(k_proj|v_proj)": "kv",
         r"model\.decoder\.layers\.\d+\.self_attn\.o_proj": "row",
         r"model\.decoder\.(layers\.\d+\.mlp|self_conditioning)\.(gate_proj|up_proj)": "col",
         r"model\.decoder\.(layers\.\d+\.mlp|self_conditioning)\.down_proj": "row",

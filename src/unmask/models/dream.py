@@ -104,7 +104,8 @@ class DreamModel(DiffusionLM):
     layer: type[nn.Module] = DreamLayer
     # the Qwen layout, with LLaDA-MoE's experts and shared expert where a layer has them
     tp_plan = {
-        r"model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj)": "col",
+        r"model\.layers\.\d+\.self_attn\.q_proj": "col",
+        r"model\.layers\.\d+\.self_attn\.(k_proj|v_proj)": "kv",
         r"model\.layers\.\d+\.self_attn\.o_proj": "row",
         r"model\.layers\.\d+\.(mlp|shared_expert)\.(gate_proj|up_proj)": "col",
         r"model\.layers\.\d+\.(mlp|shared_expert)\.down_proj": "row",

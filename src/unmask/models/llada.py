@@ -107,7 +107,8 @@ class _Inner(nn.Module):
 
 class LLaDAModel(DiffusionLM):
     tp_plan = {
-        r"model\.transformer\.blocks\.\d+\.(q_proj|k_proj|v_proj|ff_proj|up_proj)": "col",
+        r"model\.transformer\.blocks\.\d+\.(q_proj|ff_proj|up_proj)": "col",
+        r"model\.transformer\.blocks\.\d+\.(k_proj|v_proj)": "kv",
         r"model\.transformer\.blocks\.\d+\.(attn_out|ff_out)": "row",
         r"model\.transformer\.wte": "vocab",
         r"model\.transformer\.ff_out": "head",

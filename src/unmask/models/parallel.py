@@ -3,8 +3,10 @@
 Each family names its parameters in a plan (`tp_plan` on the model class: a regular expression
 over module names -> a style), as Hugging Face's `base_model_tp_plan` does:
 
-- "col": a projection whose output features split over the ranks (query/key/value heads, MLP
-  gate and up columns); no communication;
+- "col": a projection whose output features split over the ranks (query heads, MLP gate and up
+  columns); no communication;
+- "kv": a key or value projection: split by key/value heads, or, with fewer key/value heads than
+  ranks, each rank holds the one its query heads share (replicated, as vLLM does);
 - "row": a projection whose input features split (attention output, MLP down); each rank's
   partial sum is all-reduced; a bias is added once (rank 0 holds it, the others zeros);
 - "qkv": a fused query/key/value projection (LLaDA2.x): each of the three parts splits by heads;
@@ -31,16 +33,20 @@ ZERO = "zero"  # this rank holds zeros (a row-parallel bias lives on rank 0 only
 
 
 def check_divisible(config, world: int) -> None:
-    """Whole heads on every rank, or an UnmaskError naming what does not divide."""
+    """Whole heads on every rank, or an UnmaskError naming what does not divide. Key/value heads
+    split over the ranks or, when fewer than the ranks, are replicated (N a multiple of them)."""
     c = config
-    counts = {"attention heads": c.num_heads, "key/value heads": c.num_kv_heads}
+    if c.num_heads % world:
+        raise UnmaskError(f"tensor_parallel {world} does not divide the model's {c.num_heads} attention heads; "
+                          f"choose a divisor of {c.num_heads}", param="tensor_parallel")
+    counts = {"key/value heads": c.num_kv_heads}
     layout = c.layout
     if layout is not None and hasattr(layout, "full_kv_heads"):
         counts["full-attention key/value heads"] = layout.full_kv_heads
     for what, n in counts.items():
-        if n % world:
-            raise UnmaskError(f"tensor_parallel {world} does not divide the model's {n} {what}; choose a divisor "
-                              f"of {n}", param="tensor_parallel")
+        if n % world and world % n:
+            raise UnmaskError(f"tensor_parallel {world} neither divides nor is a multiple of the model's {n} {what}",
+                              param="tensor_parallel")
     if c.moe is not None and c.moe.num_experts < world:
         raise UnmaskError(f"tensor_parallel {world} exceeds the model's {c.moe.num_experts} experts",
                           param="tensor_parallel")
@@ -59,6 +65,10 @@ def shard_model(model: nn.Module, tp: TensorParallel) -> dict[str, object]:
             continue
         if style in ("col", "head"):
             specs.update(_split_linear(name, module, tp, dim=0))
+        elif style == "kv":
+            parent = modules[name.rpartition(".")[0]]
+            kv = getattr(parent, "kv_heads", None) or model.config.num_kv_heads
+            specs.update(_split_kv(name, module, kv, tp))
         elif style == "row":
             specs.update(_split_linear(name, module, tp, dim=1))
             module.register_forward_hook(reduce_output(tp))
@@ -77,10 +87,10 @@ def shard_model(model: nn.Module, tp: TensorParallel) -> dict[str, object]:
             raise ValueError(f"unknown tensor-parallel style {style!r} for {name}")
     for module in model.modules():  # attention modules keep their head counts in `heads`
         heads = getattr(module, "heads", None)
-        if isinstance(heads, tuple):
-            module.heads = tuple(h // tp.world for h in heads)
+        if isinstance(heads, tuple):  # (query heads, key/value heads)
+            module.heads = (heads[0] // tp.world, max(heads[1] // tp.world, 1))
         elif isinstance(heads, int):
-            module.heads, module.kv_heads = heads // tp.world, module.kv_heads // tp.world
+            module.heads, module.kv_heads = heads // tp.world, max(module.kv_heads // tp.world, 1)
     model.tp = tp
     return specs
 
@@ -108,10 +118,32 @@ def _split_linear(name: str, m: nn.Linear, tp: TensorParallel, dim: int) -> dict
     return specs
 
 
+def kv_range(kv: int, tp: TensorParallel) -> tuple[int, int]:
+    """The key/value heads rank tp.rank holds: its share, or (fewer heads than ranks) the one head
+    its query heads share."""
+    if kv >= tp.world:
+        return split_range(kv, tp.world, tp.rank)
+    h = tp.rank // (tp.world // kv)
+    return h, h + 1
+
+
+def _split_kv(name: str, m: nn.Linear, kv: int, tp: TensorParallel) -> dict:
+    hd = m.weight.shape[0] // kv
+    lo, hi = kv_range(kv, tp)
+    m.weight = _meta(((hi - lo) * hd, m.weight.shape[1]))
+    m.out_features = (hi - lo) * hd
+    specs = {f"{name}.weight": [(0, lo * hd, hi * hd)]}
+    if m.bias is not None:
+        m.bias = _meta(((hi - lo) * hd,))
+        specs[f"{name}.bias"] = [(0, lo * hd, hi * hd)]
+    return specs
+
+
 def _split_qkv(name: str, m: nn.Linear, c, tp: TensorParallel) -> dict:
     hd, ranges, at = c.head_dim, [], 0
-    for heads in (c.num_heads, c.num_kv_heads, c.num_kv_heads):
-        lo, hi = split_range(heads, tp.world, tp.rank)
+    for heads, share in ((c.num_heads, split_range(c.num_heads, tp.world, tp.rank)),
+                         (c.num_kv_heads, kv_range(c.num_kv_heads, tp)), (c.num_kv_heads, kv_range(c.num_kv_heads, tp))):
+        lo, hi = share
         ranges.append((0, at + lo * hd, at + hi * hd))
         at += heads * hd
     rows = sum(b - a for _, a, b in ranges)
