@@ -19,7 +19,7 @@ from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
-from unmask.models.loader import load_model, read_json
+from unmask.models.loader import check_split, load_model, read_json
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
@@ -46,6 +46,7 @@ class LLM:
         device = check_device(device)
         self.ranks = None
         if check_world(tensor_parallel) > 1:
+            check_split(self.path, tensor_parallel)  # before any process starts
             self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device))
             error = None
             try:

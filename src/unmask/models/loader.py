@@ -15,7 +15,7 @@ from safetensors import safe_open
 from unmask.errors import CheckpointError, UnmaskWarning
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
-from unmask.models.parallel import ZERO, read_slice, shard_model
+from unmask.models.parallel import ZERO, check_divisible, read_slice, shard_model
 from unmask.models.registry import resolve_family
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -139,6 +139,15 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
                                                                               torch_dtype, specs))
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval(), cfg
+
+
+def check_split(path: str | Path, world: int) -> None:
+    """Whether the model in `path` splits over `world` ranks (its config only), or an error naming why."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return  # load_model names the problem
+    cfg = read_json(folder / "config.json")
+    check_divisible(resolve_family(cfg).arch(cfg), world)
 
 
 def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict) -> None:
