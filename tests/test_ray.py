@@ -173,3 +173,45 @@ def test_data_parallel_is_refused_by_name(llm, ray_cluster):
     for bad in (0, -2, "2", True):
         with pytest.raises(UnmaskError, match="data_parallel"):
             DataParallelLLM(llm, bad)
+
+
+def test_serve_replicas_command(tmp_path):
+    """`unmask serve --replicas 1` starts its own local Ray instance (beside this module's), answers
+    the openai client through the proxy and stops on Ctrl-C; bad replica settings and a bad model
+    are refused by name before Ray starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from unmask.cli import main
+
+    for argv, needle in ((["--replicas", "0"], "--replicas 0"), (["--min-replicas", "3", "--max-replicas", "1"],
+                                                                   "below --min-replicas"),
+                         (["--replicas", "1", "--model", str(tmp_path / "nope")], "does not exist")):
+        assert main(["serve", *argv]) == 2
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen([sys.executable, "-m", "unmask", "serve", "--replicas", "1", "--port", str(port),
+                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(0.5)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+        r = c.completions.with_raw_response.create(model="unmask", prompt="copy : red 4 owl")
+        assert r.parse().choices[0].text == "red 4 owl" and r.headers.get("x-unmask-replica")
+        proc.send_signal(signal.SIGINT)  # graceful: Serve shuts down, then Ray
+        assert proc.wait(timeout=90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -129,7 +129,9 @@ def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-parallel", type=int, default=1, metavar="N",
                    help="spread the batches over N Ray Data actors, one model each (same per-example results; "
                         "pip install 'unmask[ray]')")
-    p.add_argument("--ray-address", default=None, help="with --data-parallel: join this Ray cluster (default: local)")
+    p.add_argument("--ray-address", default=None,
+                   help="with --data-parallel: join this Ray cluster ('auto': the one running here; default: a new "
+                        "local instance)")
 
 
 def data_parallel(llm, a: argparse.Namespace):

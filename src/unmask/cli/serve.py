@@ -58,7 +58,8 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
         raise UnmaskError(f"model folder {path} does not exist")
     resolve_family(read_json(path / "config.json"))
     model = str(path)
-    ray.init(address=a.ray_address, include_dashboard=False, log_to_driver=False)
+    # without --ray-address a new local instance (never one another program started here)
+    ray.init(address=a.ray_address or "local", include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": a.host, "port": a.port})
     engine = {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
               "max_waiting": config.max_waiting, "scheduling": config.scheduling}
