@@ -141,6 +141,38 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     return model.eval(), cfg
 
 
+def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu"):
+    """A DFlash drafter folder (unmask.models.dflash, the released layout) -> (DFlashDrafter in eval
+    mode, raw config.json), strictly: every weight present, none unexpected, shapes checked."""
+    from unmask.models.dflash import DFlashDrafter, dflash_config
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"drafter folder {folder} does not exist or is not a folder")
+    cfg = read_json(folder / "config.json")
+    c = dflash_config(cfg)
+    device = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
+    with torch.device("meta"):
+        model = DFlashDrafter(c)
+    expected = {k: v.shape for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(expected) - set(files)), sorted(set(files) - set(expected))
+    if missing:
+        raise CheckpointError(f"{folder}: missing weights {_few(missing)}")
+    if unexpected:
+        raise CheckpointError(f"{folder}: unexpected weights {_few(unexpected)}")
+    state: dict = {}
+    by_file: dict[Path, list[str]] = {}
+    for k, f in files.items():
+        by_file.setdefault(f, []).append(k)
+    for f, keys in by_file.items():
+        _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
+                                                                              torch_dtype, {}))
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval(), cfg
+
+
 def check_split(path: str | Path, world: int) -> None:
     """Whether the model in `path` splits over `world` ranks (its config only), or an error naming why."""
     folder = Path(path)

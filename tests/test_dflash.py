@@ -1,0 +1,98 @@
+"""The DFlash drafter (issue 24, first part): unmask's port loads the released layout (written by
+z-lab's own DFlashDraftModel through transformers' save_pretrained) and computes the reference's
+hidden states, with its KV cache of context positions across blocks and a crop after a
+rejection; the loader is strict."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import DynamicCache, Qwen3Config  # noqa: E402
+
+from reference_dflash import DFlashDraftModel, build_target_layer_ids  # noqa: E402
+from unmask.errors import CheckpointError  # noqa: E402
+from unmask.models import dflash  # noqa: E402
+from unmask.models.loader import load_drafter  # noqa: E402
+
+
+def write_drafter(folder, layers=2, target_layers=6, block=4, seed=0, **dflash_cfg):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6,
+                      max_position_embeddings=256)
+    cfg.block_size, cfg.num_target_layers = block, target_layers
+    cfg.dflash_config = {"mask_token_id": 63, **dflash_cfg}
+    cfg.architectures = ["DFlashDraftModel"]
+    model = DFlashDraftModel(cfg).eval()
+    with torch.no_grad():  # weights far from the initialiser's near-identity norms
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return model
+
+
+def _crop(cache, length: int) -> None:
+    """DynamicCache.crop(length) as the release calls it (transformers 5 removes -n tokens instead)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def test_target_layer_rule_matches_the_release():
+    for t in (6, 28, 36, 64):
+        for d in (1, 2, 3, 5, 8):
+            assert dflash.build_target_layer_ids(t, d) == build_target_layer_ids(t, d)
+
+
+def test_drafter_equals_the_reference_across_blocks(tmp_path):
+    ref = write_drafter(tmp_path / "d")
+    ours, _ = load_drafter(tmp_path / "d")
+    assert list(ours.config.target_layer_ids) == list(ref.target_layer_ids)
+    n_ctx = len(ref.target_layer_ids) * 32
+    g = torch.Generator().manual_seed(1)
+    ref_cache, our_cache = DynamicCache(), dflash.DraftCache(2)
+    start = 0
+    for ctx_len in (5, 3, 1):  # a prompt's context, then the accepted tokens of two blocks
+        context = torch.randn(2, ctx_len, n_ctx, generator=g)
+        noise = torch.randn(2, 4, 32, generator=g)
+        pos = torch.arange(start, start + ctx_len + 4)[None].expand(2, -1)
+        with torch.inference_mode():
+            want = ref(target_hidden=context, noise_embedding=noise, position_ids=pos, past_key_values=ref_cache,
+                       use_cache=True, is_causal=False)
+            got = ours(noise, context, pos, our_cache)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        start += ctx_len
+        _crop(ref_cache, start)  # the release keeps the context positions only
+        assert our_cache.length == start
+    our_cache.crop(6)  # a rejection: both caches forget the same positions
+    _crop(ref_cache, 6)
+    context, noise = torch.randn(2, 2, n_ctx, generator=g), torch.randn(2, 4, 32, generator=g)
+    pos = torch.arange(6, 12)[None].expand(2, -1)
+    with torch.inference_mode():
+        want = ref(target_hidden=context, noise_embedding=noise, position_ids=pos, past_key_values=ref_cache,
+                   use_cache=True, is_causal=False)
+        torch.testing.assert_close(ours(noise, context, pos, our_cache), want, rtol=1e-5, atol=1e-5)
+
+
+def test_explicit_target_layers_and_loader_strictness(tmp_path):
+    write_drafter(tmp_path / "d", target_layer_ids=[0, 4])
+    ours, _ = load_drafter(tmp_path / "d")
+    assert ours.config.target_layer_ids == (0, 4) and ours.fc.in_features == 64
+    cfg_path = tmp_path / "d" / "config.json"
+    good = json.loads(cfg_path.read_text())
+    for change, needle in (({"architectures": ["Qwen3ForCausalLM"]}, "not a DFlash drafter"),
+                           ({"block_size": 1}, "block_size 1"),
+                           ({"dflash_config": {"target_layer_ids": [0, 9]}}, "target_layer_ids"),
+                           ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding-window"),
+                           ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope"),
+                           ({"hidden_size": 40}, "shape")):
+        cfg_path.write_text(json.dumps({**good, **change}))
+        with pytest.raises(CheckpointError, match=needle):
+            load_drafter(tmp_path / "d")
+    cfg_path.write_text(json.dumps({**good, "num_hidden_layers": 3}))
+    with pytest.raises(CheckpointError, match="missing weights layers.2"):
+        load_drafter(tmp_path / "d")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_drafter(tmp_path / "nope")
