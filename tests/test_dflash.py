@@ -96,3 +96,81 @@ def test_explicit_target_layers_and_loader_strictness(tmp_path):
         load_drafter(tmp_path / "d")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_drafter(tmp_path / "nope")
+
+
+def _random_drafter(target, layers=2, block=4, seed=0):
+    a = target.config
+    c = dflash.DraftConfig(a.hidden_size, layers, a.num_heads, a.num_kv_heads, a.head_dim, 2 * a.hidden_size, 1e-6,
+                           a.rope_theta, False, block, a.num_layers,
+                           tuple(dflash.build_target_layer_ids(a.num_layers, layers)), None)
+    torch.manual_seed(seed)
+    d = dflash.DFlashDrafter(c)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.copy_(torch.randn_like(p) * 0.1 if p.dim() > 1 else torch.ones_like(p))
+    return d.eval()
+
+
+@pytest.mark.parametrize("block", [2, 4, 8])
+def test_greedy_speculation_is_the_targets_greedy_output(embedded_ar, block):
+    """Whatever the drafter proposes (here a random one), greedy speculative decoding writes
+    exactly the AR twin's greedy tokens; each verify forward yields 1..block tokens."""
+    from unmask.reference.dflash import speculate
+
+    llm = embedded_ar
+    drafter = _random_drafter(llm.model, block=block)
+    prompts = ["copy : red 4 owl", "sort : 7 4 0", "reverse : sun 3 cat tree", "json : name bob age 3 4 city rome"]
+    ids = llm.encode(prompts, chat=False)
+    plain = llm.generate(ids, {"gen_length": 24})
+    for p, want in zip(ids, plain.results):
+        got = speculate(llm.model, drafter, p, 24, llm.token_ids.stop, mask_id=llm.token_ids.mask)
+        stop = set(llm.token_ids.stop)
+        text = got.tokens[:-1] if got.tokens and got.tokens[-1] in stop else got.tokens  # results omit the stop
+        assert text == want.token_ids
+        assert all(1 <= a <= block for a in got.accepted) and got.target_forwards == len(got.accepted) + 1
+
+
+def test_speculation_equals_the_release_on_a_qwen3_target(tmp_path, monkeypatch):
+    """z-lab's own `dflash_generate` (vendored) with a transformers Qwen3 target against unmask's
+    loop over the same checkpoints loaded by unmask: the same tokens and the same accepted lengths,
+    greedy. The target's head can only say 0, 7 or 9, so a random drafter's blocks are accepted
+    whole, cut, or rejected at once, and the rollbacks of both caches are exercised."""
+    from transformers import Qwen3ForCausalLM
+
+    import reference_dflash
+    from unmask.models.loader import load_model
+    from unmask.reference.dflash import speculate
+
+    real_crop = DynamicCache.crop
+    monkeypatch.setattr(DynamicCache, "crop", lambda self, n: _crop_with(real_crop, self, n))  # transformers 5
+    import time
+
+    monkeypatch.setattr(reference_dflash, "_cuda_time", time.perf_counter)  # its timer synchronises CUDA
+    torch.manual_seed(0)
+    tcfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256,
+                       tie_word_embeddings=False)
+    tcfg.architectures = ["Qwen3ForCausalLM"]
+    target = Qwen3ForCausalLM(tcfg).eval()
+    with torch.no_grad():  # a head that can only say 0, 7 or 9: drafts are accepted whole, in part, or not
+        head = torch.zeros_like(target.lm_head.weight)
+        head[[7, 9]] = torch.randn(2, 32)
+        target.lm_head.weight.copy_(head)
+    target.save_pretrained(tmp_path / "t")
+    draft = write_drafter(tmp_path / "d", layers=2, target_layers=6, block=4)
+    ours_t, _ = load_model(tmp_path / "t")
+    ours_d, _ = load_drafter(tmp_path / "d")
+    seen = set()
+    for prompt in ([3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8]):
+        ref = reference_dflash.dflash_generate(draft, target, torch.tensor([prompt]), 40, None, 0.0, return_stats=True)
+        got = speculate(ours_t, ours_d, prompt, 40)
+        assert got.tokens == ref.output_ids[0, len(prompt):].tolist()
+        assert got.accepted == ref.acceptance_lengths
+        seen.update(got.accepted)
+    assert {1, 4} <= seen and len(seen) >= 3  # rejected at once, accepted whole, and cut in between
+
+
+def _crop_with(real, cache, n):
+    extra = cache.get_seq_length() - n
+    if extra > 0:
+        real(cache, -extra)

@@ -197,11 +197,14 @@ class DiffusionLM(nn.Module):
         logits_slice: slice | None = None,
         attn_mask: torch.Tensor | None = None,
         vocab_local: bool = False,
+        capture: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         """`attn_mask` (B, 1, q, Lk), True = attend, replaces the model's own attention rule and
         `key_mask` (the block-diffusion training objective attends across two copies of a sequence).
         A tensor-parallel model returns whole logits, or with `vocab_local` this rank's vocabulary
-        slice (its sampler reduces over the slices: unmask.sampler.proposal)."""
+        slice (its sampler reduces over the slices: unmask.sampler.proposal). With `capture` (layer
+        indices) it returns (logits, the outputs of those layers concatenated, (B, q, n * d), at
+        every query position): the features a DFlash drafter reads."""
         embed, blocks, norm, head = self.parts()
         x = embed(input_ids)
         rope = self.rope(positions)
@@ -212,8 +215,11 @@ class DiffusionLM(nn.Module):
             mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
         elif self.config.block_size:
             mask = _with_blocks(mask, positions, kv, self.config.block_size)
+        feats = []
         for i, block in enumerate(blocks):
             x = block(x, rope, kv, i, kv_start, mask)
+            if capture is not None and i in capture:
+                feats.append(x)
         if isinstance(logits_slice, torch.Tensor):  # (B, n) hidden positions per row
             x = x.gather(1, logits_slice[..., None].expand(-1, -1, x.shape[-1]))
         elif logits_slice is not None:  # only positions that can commit need the vocabulary projection
@@ -222,7 +228,18 @@ class DiffusionLM(nn.Module):
         logits = x @ embed.weight.T if head is None else head(x)
         if self.tp is not None and not vocab_local:
             logits = self.tp.gather_vocab(logits, self.config.vocab_size)
+        if capture is not None:
+            return logits, torch.cat([feats[sorted(capture).index(i)] for i in capture], dim=-1)
         return logits
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (a drafter embeds its noise block with its target's)."""
+        return self.parts()[0](ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of hidden states (a drafter's, through its target's head)."""
+        embed, _, _, head = self.parts()
+        return hidden @ embed.weight.T if head is None else head(hidden)
 
 
 def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start, device) -> torch.Tensor:

@@ -39,6 +39,15 @@ def _refuse(cfg: dict, family: str) -> None:
         raise CheckpointError(f"config.json: unsupported {family} option hidden_act={act!r} (supported: 'silu')")
 
 
+def _theta(cfg: dict, family: str) -> float:
+    """rope_theta: top-level (transformers 4 configs) or in rope_parameters (transformers 5)."""
+    rope = cfg.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
+        raise CheckpointError(f"config.json: unsupported {family} option rope_parameters={rope!r}")
+    return cfg_float(rope, "rope_theta", None) if rope.get("rope_theta") is not None else cfg_float(
+        cfg, "rope_theta", 10000.0)
+
+
 def _qwen(cfg: dict, family: str, **extra) -> ArchConfig:
     _refuse(cfg, family)
     heads = cfg_int(cfg, "num_attention_heads", family=family)
@@ -50,7 +59,7 @@ def _qwen(cfg: dict, family: str, **extra) -> ArchConfig:
         num_heads=heads,
         num_kv_heads=cfg_int(cfg, "num_key_value_heads", heads),
         intermediate_size=cfg_int(cfg, "intermediate_size", family=family),
-        rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
+        rope_theta=_theta(cfg, family),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-6),
         max_positions=cfg_int(cfg, "max_position_embeddings", 32768),
         tie_embeddings=cfg_flag(cfg, "tie_word_embeddings", False),
@@ -70,4 +79,11 @@ def sdar_arch(cfg: dict) -> ArchConfig:
     if block < 1:
         raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
     return _qwen(cfg, "sdar", qkv_bias=cfg_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
+                 head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)
+
+
+def qwen3_arch(cfg: dict) -> ArchConfig:
+    """Qwen3 (`Qwen3ForCausalLM`): an autoregressive target (DFlash's released drafters are trained
+    for Qwen3 targets). The Qwen decoder run causally, with per-head q/k norms and head_dim."""
+    return _qwen(cfg, "qwen3", qkv_bias=cfg_flag(cfg, "attention_bias", False), causal=True,
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)

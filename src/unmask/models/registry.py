@@ -6,7 +6,7 @@ from typing import Callable
 
 from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, DiffusionLM
-from unmask.models.blockdiff import fast_dllm_v2_arch, sdar_arch
+from unmask.models.blockdiff import fast_dllm_v2_arch, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
 from unmask.models.dream import DreamModel, dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
@@ -36,6 +36,9 @@ FAMILIES = (
     # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
     Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel),
     Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel),
+    # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
+    # drafters' configs also say model_type "qwen3"
+    Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, DreamModel),
     # renoising block diffusion on the Gemma 4 stack (text only)
     Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,
            DiffusionGemmaModel, skipped_key),
