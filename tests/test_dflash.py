@@ -174,3 +174,56 @@ def _crop_with(real, cache, n):
     extra = cache.get_seq_length() - n
     if extra > 0:
         real(cache, -extra)
+
+
+@pytest.mark.slow
+def test_sampled_speculation_follows_the_targets_distribution(tmp_path):
+    """With temperature 1 the tokens are the target's samples given the accepted prefix, so the
+    distribution of the first three tokens matches plain sampling from the target (chi-square over
+    the 27 outcomes of a head that can only say 0, 7 or 9; 500 draws each, seeded)."""
+    from transformers import Qwen3ForCausalLM
+
+    from unmask.models.loader import load_model
+    from unmask.reference.dflash import speculate
+
+    torch.manual_seed(1)
+    tcfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256,
+                       tie_word_embeddings=False)
+    tcfg.architectures = ["Qwen3ForCausalLM"]
+    target = Qwen3ForCausalLM(tcfg).eval()
+    with torch.no_grad():
+        head = torch.zeros_like(target.lm_head.weight)
+        head[[7, 9]] = torch.randn(2, 32) * 0.5
+        target.lm_head.weight.copy_(head)
+    target.save_pretrained(tmp_path / "t")
+    write_drafter(tmp_path / "d", layers=1, target_layers=6, block=4)
+    model, _ = load_model(tmp_path / "t")
+    drafter, _ = load_drafter(tmp_path / "d")
+    prompt = [3, 9, 14]
+    g = torch.Generator().manual_seed(0)
+
+    def plain():
+        ids = list(prompt)
+        with torch.inference_mode():
+            for _ in range(3):
+                x = torch.tensor([ids])
+                logits = model(x, torch.arange(len(ids))[None])[0, -1]
+                ids.append(int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g)))
+        return tuple(ids[len(prompt):])
+
+    spec = [tuple(speculate(model, drafter, prompt, 3, temperature=1.0, generator=g).tokens[:3]) for _ in range(500)]
+    base = [plain() for _ in range(500)]
+    outcomes = sorted(set(spec) | set(base))
+    table = [[spec.count(o) for o in outcomes], [base.count(o) for o in outcomes]]
+    assert len(outcomes) >= 6  # a distribution worth comparing
+    assert _chi2_pvalue(table) > 0.001
+
+
+def _chi2_pvalue(table) -> float:
+    """Pearson's chi-square test of independence of a 2 x k table (scipy's chi2_contingency)."""
+    t = torch.tensor(table, dtype=torch.float64)
+    expected = t.sum(1, keepdim=True) * t.sum(0, keepdim=True) / t.sum()
+    stat = ((t - expected) ** 2 / expected).sum()
+    df = (t.shape[0] - 1) * (t.shape[1] - 1)
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
