@@ -227,3 +227,26 @@ def _chi2_pvalue(table) -> float:
     stat = ((t - expected) ** 2 / expected).sum()
     df = (t.shape[0] - 1) * (t.shape[1] - 1)
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def test_masked_blocks_in_one_forward_equal_separate_forwards(tmp_path):
+    """The training layout: several blocks in one forward, each attending to the context before its
+    anchor and to itself only (a block mask), give each block's own decoding-time hidden states."""
+    write_drafter(tmp_path / "d")
+    d, _ = load_drafter(tmp_path / "d")
+    g = torch.Generator().manual_seed(3)
+    T, B = 10, 4
+    context = torch.randn(1, T, 2 * 32, generator=g)
+    anchors = [3, 6, 9]
+    noise = torch.randn(1, len(anchors) * B, 32, generator=g)
+    q_pos = torch.cat([torch.arange(a, a + B) for a in anchors])
+    pos = torch.cat([torch.arange(T), q_pos])[None]
+    allowed = torch.zeros(len(anchors) * B, T + len(anchors) * B, dtype=torch.bool)
+    for i, a in enumerate(anchors):
+        allowed[i * B : (i + 1) * B, :a] = True  # the context strictly before the anchor
+        allowed[i * B : (i + 1) * B, T + i * B : T + (i + 1) * B] = True  # its own block
+    with torch.inference_mode():
+        together = d(noise, context, pos, mask=allowed[None, None])
+        for i, a in enumerate(anchors):
+            alone = d(noise[:, i * B : (i + 1) * B], context[:, :a], torch.arange(a + B)[None])
+            torch.testing.assert_close(together[:, i * B : (i + 1) * B], alone, rtol=1e-5, atol=1e-5)

@@ -137,9 +137,9 @@ class _MLP(nn.Module):
 class DFlashDrafter(nn.Module):
     """forward(noise (B, q, d) embedded noise block, context (B, c, n * d) target hidden states of
     the c positions not yet in `cache`, positions (B, c + q) of those context positions then the
-    block, cache: a DraftCache or None) -> hidden states (B, q, d) of the block (the caller applies
-    the target's head). The context's keys and values are appended to `cache`; the block's are
-    not kept."""
+    block, cache: a DraftCache or None, mask) -> hidden states (B, q, d) of the block (the caller
+    applies the target's head). The context's keys and values are appended to `cache`; the
+    block's are not kept."""
 
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
@@ -151,7 +151,10 @@ class DFlashDrafter(nn.Module):
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta)
 
     def forward(self, noise: torch.Tensor, context: torch.Tensor, positions: torch.Tensor,
-                cache: "DraftCache | None" = None) -> torch.Tensor:
+                cache: "DraftCache | None" = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask` (B, 1, q, keys) bool, True = attend, over the keys (cached context, context, noise):
+        training puts many blocks in one forward, each seeing only the context before its anchor
+        and itself; None (decoding): every query sees every key."""
         c = self.config
         b, q, _ = noise.shape
         n = context.shape[1]
@@ -169,7 +172,7 @@ class DFlashDrafter(nn.Module):
             k = apply_rotary(k, cos, sin)
             if cache is not None:
                 k, v = cache.extend(i, k, v, n)
-            o = F.scaled_dot_product_attention(qh, k, v, enable_gqa=c.num_heads != c.num_kv_heads)
+            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads)
             x = x + a.o_proj(o.transpose(1, 2).reshape(b, q, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
