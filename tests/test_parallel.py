@@ -8,7 +8,6 @@ clear error, never a hang."""
 import os
 import socket
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -228,3 +227,63 @@ def test_sharded_logits_match(tmp_path):
         local = torch.cat([p[name]["local"] for p in parts], -1)
         assert local.shape == ref.shape, name
         torch.testing.assert_close(local, ref, rtol=LOGIT_TOL, atol=LOGIT_TOL)
+
+
+def test_server_over_two_ranks():
+    """The OpenAI server over a tensor-parallel embedded model: concurrent streamed and plain
+    completions equal the one-process offline text; a rank killed afterwards gives an
+    OpenAI-shaped error, not a hang."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import Server
+
+    prompts = ["copy : red 4 owl", "sort : 7 4 0", "reverse : sun 3 cat tree"]
+    one = LLM("default")
+    want = [one.generate([p], one.default_params(gen_length=16)).results[0].text for p in prompts]
+    two = LLM("default", tensor_parallel=2)
+    server = Server(two, served_model_name="default")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+        def ask(i):
+            if i % 2:
+                chunks = client.completions.create(model="default", prompt=prompts[i], max_tokens=16, stream=True)
+                return "".join(c.choices[0].text for c in chunks if c.choices)
+            return client.completions.create(model="default", prompt=prompts[i], max_tokens=16).choices[0].text
+
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(ask, range(3))) == want
+        two.ranks.procs[0].kill()
+        with pytest.raises(openai.APIError):
+            client.completions.create(model="default", prompt=prompts[0], max_tokens=16)
+    finally:
+        server.stop()
+        two.close()
+
+
+@pytest.mark.slow
+def test_cli_and_torchrun_launches(tmp_path):
+    """`unmask generate --tensor-parallel 2` (unmask spawns rank 1) and the same under torchrun
+    (torchrun starts both ranks; rank 1 serves rank 0 and exits quietly) print the one-process text."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    base = ["generate", "copy : red 4 owl", "--gen-length", "16", "--json"]
+
+    def text(cmd):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-2000:]
+        import json
+
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        return [(r["generated_ids"], r["text"], r["nfe"]) for r in rows]
+
+    r = LLM().generate("copy : red 4 owl", {"gen_length": 16}).results[0]
+    one = [([r.token_ids], [r.text], r.nfe)]
+    assert text([sys.executable, "-m", "unmask", *base, "--tensor-parallel", "2"]) == one
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                str(_free_port()), "-m", "unmask", *base, "--tensor-parallel", "2"]
+    assert text(torchrun) == one
