@@ -33,6 +33,25 @@ def write_drafter(folder, layers=2, target_layers=6, block=4, seed=0, **dflash_c
     return model
 
 
+def write_qwen3_target(folder, seed: int, scale: float):
+    """A tiny transformers Qwen3ForCausalLM, saved; its head can only say 0, 7 or 9, so a random
+    drafter's blocks are accepted whole, in part, or not at all."""
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256,
+                      tie_word_embeddings=False)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    target = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        head = torch.zeros_like(target.lm_head.weight)
+        head[[7, 9]] = torch.randn(2, 32) * scale
+        target.lm_head.weight.copy_(head)
+    target.save_pretrained(folder)
+    return target
+
+
 def _crop(cache, length: int) -> None:
     """DynamicCache.crop(length) as the release calls it (transformers 5 removes -n tokens instead)."""
     extra = cache.get_seq_length() - length
@@ -135,8 +154,6 @@ def test_speculation_equals_the_release_on_a_qwen3_target(tmp_path, monkeypatch)
     loop over the same checkpoints loaded by unmask: the same tokens and the same accepted lengths,
     greedy. The target's head can only say 0, 7 or 9, so a random drafter's blocks are accepted
     whole, cut, or rejected at once, and the rollbacks of both caches are exercised."""
-    from transformers import Qwen3ForCausalLM
-
     import reference_dflash
     from unmask.models.loader import load_model
     from unmask.reference.dflash import speculate
@@ -146,17 +163,7 @@ def test_speculation_equals_the_release_on_a_qwen3_target(tmp_path, monkeypatch)
     import time
 
     monkeypatch.setattr(reference_dflash, "_cuda_time", time.perf_counter)  # its timer synchronises CUDA
-    torch.manual_seed(0)
-    tcfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256,
-                       tie_word_embeddings=False)
-    tcfg.architectures = ["Qwen3ForCausalLM"]
-    target = Qwen3ForCausalLM(tcfg).eval()
-    with torch.no_grad():  # a head that can only say 0, 7 or 9: drafts are accepted whole, in part, or not
-        head = torch.zeros_like(target.lm_head.weight)
-        head[[7, 9]] = torch.randn(2, 32)
-        target.lm_head.weight.copy_(head)
-    target.save_pretrained(tmp_path / "t")
+    target = write_qwen3_target(tmp_path / "t", seed=0, scale=1.0)
     draft = write_drafter(tmp_path / "d", layers=2, target_layers=6, block=4)
     ours_t, _ = load_model(tmp_path / "t")
     ours_d, _ = load_drafter(tmp_path / "d")
@@ -181,22 +188,10 @@ def test_sampled_speculation_follows_the_targets_distribution(tmp_path):
     """With temperature 1 the tokens are the target's samples given the accepted prefix, so the
     distribution of the first three tokens matches plain sampling from the target (chi-square over
     the 27 outcomes of a head that can only say 0, 7 or 9; 500 draws each, seeded)."""
-    from transformers import Qwen3ForCausalLM
-
     from unmask.models.loader import load_model
     from unmask.reference.dflash import speculate
 
-    torch.manual_seed(1)
-    tcfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=6, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256,
-                       tie_word_embeddings=False)
-    tcfg.architectures = ["Qwen3ForCausalLM"]
-    target = Qwen3ForCausalLM(tcfg).eval()
-    with torch.no_grad():
-        head = torch.zeros_like(target.lm_head.weight)
-        head[[7, 9]] = torch.randn(2, 32) * 0.5
-        target.lm_head.weight.copy_(head)
-    target.save_pretrained(tmp_path / "t")
+    write_qwen3_target(tmp_path / "t", seed=1, scale=0.5)
     write_drafter(tmp_path / "d", layers=1, target_layers=6, block=4)
     model, _ = load_model(tmp_path / "t")
     drafter, _ = load_drafter(tmp_path / "d")

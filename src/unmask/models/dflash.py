@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from unmask.errors import CheckpointError
-from unmask.layers.blocks import swiglu
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding, apply_rotary
 from unmask.models.base import cfg_flag, cfg_float, cfg_int
+from unmask.models.dream import GatedMLP
 
 ARCHITECTURES = ("DFlashDraftModel",)
 
@@ -120,18 +120,7 @@ class _Layer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
         self.self_attn = _Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.norm_eps)
-        self.mlp = _MLP(c.hidden_size, c.intermediate_size)
-
-
-class _MLP(nn.Module):
-    def __init__(self, d: int, f: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x):
-        return swiglu(x, self.gate_proj, self.up_proj, self.down_proj)
+        self.mlp = GatedMLP(c.hidden_size, c.intermediate_size)
 
 
 class DFlashDrafter(nn.Module):

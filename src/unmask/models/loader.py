@@ -118,6 +118,12 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         raise CheckpointError(f"{folder}: config.json describes tensors that cannot be built (hidden size "
                               f"{arch.hidden_size}, {arch.num_heads} heads, intermediate size {arch.intermediate_size}, "
                               f"vocabulary {arch.vocab_size}): {e}") from None
+    return _fill(model, folder, files, device, torch_dtype, tp), cfg
+
+
+def _fill(model, folder: Path, files: dict, device, dtype, tp=None):
+    """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
+    present, none unexpected, shapes checked; with `tp` only this rank's slices are read."""
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected))
@@ -136,9 +142,9 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         by_file.setdefault(f, []).append(k)
     for f, keys in by_file.items():
         _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
-                                                                              torch_dtype, specs))
+                                                                              dtype, specs))
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval(), cfg
+    return model.eval()
 
 
 def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu"):
@@ -156,21 +162,7 @@ def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch
     files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
     with torch.device("meta"):
         model = DFlashDrafter(c)
-    expected = {k: v.shape for k, v in model.state_dict().items()}
-    missing, unexpected = sorted(set(expected) - set(files)), sorted(set(files) - set(expected))
-    if missing:
-        raise CheckpointError(f"{folder}: missing weights {_few(missing)}")
-    if unexpected:
-        raise CheckpointError(f"{folder}: unexpected weights {_few(unexpected)}")
-    state: dict = {}
-    by_file: dict[Path, list[str]] = {}
-    for k, f in files.items():
-        by_file.setdefault(f, []).append(k)
-    for f, keys in by_file.items():
-        _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
-                                                                              torch_dtype, {}))
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval(), cfg
+    return _fill(model, folder, files, device, torch_dtype), cfg
 
 
 def check_split(path: str | Path, world: int) -> None:
