@@ -30,7 +30,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 _HOP = {b"content-length", b"transfer-encoding", b"connection"}
 
@@ -160,23 +160,27 @@ class OpenAIIngress:
             first = await gen.__anext__()
         except StopAsyncIteration:
             return JSONResponse(_error(502, "the replica returned no response"), status_code=502)
-        except Exception as e:  # the replica died or could not be reached
+        except (Exception, asyncio.CancelledError) as e:  # the replica died or could not be reached
             return JSONResponse(_error(503, f"the replica serving this request failed: {_reason(e)}"), status_code=503)
         _, status, headers = first
         streaming = any(k.lower() == "content-type" and "text/event-stream" in v for k, v in headers)
+        if not streaming:  # a whole response: gathered here, so a replica dying mid-body is still a 503 body
+            try:
+                body = b"".join([rest[0] async for kind, *rest in gen])
+            except (Exception, asyncio.CancelledError) as e:
+                return JSONResponse(_error(503, f"the replica serving this request failed: {_reason(e)}"),
+                                    status_code=503)
+            return Response(body, status_code=status, headers=dict(headers))
 
-        async def body():
+        async def events():
             try:
                 async for kind, *rest in gen:
                     yield rest[0]
-            except Exception as e:  # mid-response: an OpenAI error event ends a stream
+            except (Exception, asyncio.CancelledError) as e:  # mid-stream: an OpenAI error event ends it
                 err = _error(503, f"the replica serving this request failed: {_reason(e)}")
-                if streaming:
-                    yield f"data: {json.dumps(err)}\n\n".encode()
-                else:
-                    raise
+                yield f"data: {json.dumps(err)}\n\n".encode()
 
-        return StreamingResponse(body(), status_code=status, headers=dict(headers))
+        return StreamingResponse(events(), status_code=status, headers=dict(headers))
 
 
 def _reason(e: BaseException) -> str:
