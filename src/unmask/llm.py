@@ -9,11 +9,13 @@ was removed (a copy is the tests' reference, tests/reference.py)."""
 
 import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from unmask.accept import accept
 from unmask.engine import Engine, EngineConfig
 from unmask.engine.renoise import RenoiseEngine
+from unmask.engine.speculative import SpecEngine
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
@@ -35,12 +37,21 @@ class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
     def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu",
-                 tensor_parallel: int = 1) -> None:
+                 tensor_parallel: int = 1, draft: str | Path | None = None) -> None:
         """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
         its autoregressive twin, "default-block" for its block-diffusion sibling.
         `tensor_parallel` N > 1 splits the model over N processes on torch.distributed (gloo on
-        CPU, NCCL on GPUs: unmask.parallel); this process is rank 0. `close()` ends them."""
+        CPU, NCCL on GPUs: unmask.parallel); this process is rank 0. `close()` ends them.
+        `draft`: a DFlash drafter folder (z-lab's released layout, or "default-dflash", the embedded
+        drafter of "default-ar") for this autoregressive model: requests are decoded by
+        speculative decoding (unmask.engine.speculative), with the target's own output."""
         self.path = resolve_model_path(model)
+        self.drafter, self.draft_path = None, None
+        if draft is not None:
+            self.draft_path = resolve_model_path(draft)
+            if check_world(tensor_parallel) > 1:
+                raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
+                                  f"tensor_parallel {tensor_parallel}", param="draft")
         if dtype is not None and not isinstance(dtype, str):
             raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
         device = check_device(device)
@@ -59,11 +70,18 @@ class LLM:
         else:
             self._load(dtype, device, None)
 
+    def _load_drafter(self, dtype: str | None, device) -> None:
+        from unmask.models.dflash import check_pair
+        from unmask.models.loader import load_drafter
+
+        self.drafter, _ = load_drafter(self.draft_path, dtype=dtype, device=device)
+        check_pair(self.drafter.config, self.arch, str(self.draft_path))
+
     @classmethod
     def _shard(cls, tp, path: str, dtype: str | None, device) -> "LLM":
         """Rank tp.rank's LLM (a worker of unmask.parallel)."""
         llm = cls.__new__(cls)
-        llm.path, llm.ranks = Path(path), None
+        llm.path, llm.ranks, llm.drafter, llm.draft_path = Path(path), None, None, None
         llm._load(dtype, rank_device(device, tp.rank), tp)
         return llm
 
@@ -74,8 +92,13 @@ class LLM:
         if not isinstance(self.generation_config, dict):
             raise CheckpointError(f"{gen_path} must hold a JSON object")
         self.tokenizer = Tokenizer.from_dir(self.path)
+        if getattr(self, "draft_path", None) is not None:
+            self._load_drafter(dtype, device)
+        draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id
         self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer,
-                                                     needs_mask=not self.arch.canvas_length)
+                                                     needs_mask=not self.arch.canvas_length and draft_mask is None)
+        if self.token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
+            self.token_ids = replace(self.token_ids, mask=draft_mask)
         check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
         try:  # the decoding settings a checkpoint recommends must themselves be valid
             check_fields(self.generation_defaults)
@@ -83,10 +106,11 @@ class LLM:
             raise CheckpointError(f"{gen_path}: {e}") from None
 
     @classmethod
-    def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds) -> "LLM":
-        """An LLM over an in-memory model (training-time evaluation)."""
+    def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds, drafter=None) -> "LLM":
+        """An LLM over an in-memory model (training-time evaluation), with a DFlash drafter if given."""
         llm = cls.__new__(cls)
         llm.path, llm.config, llm.generation_config, llm.ranks = None, {}, {}, None
+        llm.drafter, llm.draft_path = drafter, None
         llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
         return llm
 
@@ -188,6 +212,8 @@ class LLM:
         return self._engine(config)
 
     def _engine(self, config: EngineConfig | None):
+        if self.drafter is not None:  # speculative decoding: the drafter proposes, this model verifies
+            return SpecEngine(self.model, self.drafter, self.token_ids, config)
         if self.arch.canvas_length:  # a renoising model: its rows are canvases of random tokens
             return RenoiseEngine(self.model, self.token_ids, config)
         return Engine(self.model, self.token_ids, config)
@@ -200,8 +226,8 @@ class LLM:
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0
-        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards, q.edits, q.remasked)
-                   for q in reqs]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards, q.edits, q.remasked,
+                                  q.draft_forwards) for q in reqs]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
 
     @property
@@ -220,7 +246,7 @@ class LLM:
         self.close()
 
     def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float,
-                  seal_forwards: int = 0, edits: int = 0, remasked: int = 0) -> GenerationResult:
+                  seal_forwards: int = 0, edits: int = 0, remasked: int = 0, draft_forwards: int = 0) -> GenerationResult:
         """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
         return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, seal_forwards, edits,
-                         remasked)
+                         remasked, draft_forwards)

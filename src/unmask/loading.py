@@ -10,8 +10,9 @@ from unmask.models.base import TokenIds
 
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block",
-            "default-edit": ASSETS / "default-edit", "default-renoise": ASSETS / "default-renoise"}
-_NAMES = "'default', 'default-ar', 'default-block', 'default-edit', 'default-renoise'"
+            "default-edit": ASSETS / "default-edit", "default-renoise": ASSETS / "default-renoise",
+            "default-dflash": ASSETS / "default-dflash"}  # the AR twin's DFlash drafter (LLM(..., draft=))
+_NAMES = "'default', 'default-ar', 'default-block', 'default-edit', 'default-renoise', 'default-dflash'"
 
 
 def resolve_model_path(model: str | Path | None) -> Path:

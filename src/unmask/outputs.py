@@ -18,6 +18,7 @@ class GenerationResult:
     seal_forwards: int = 0  # block models: forwards that also wrote a finished block's exact K/V
     edits: int = 0  # committed tokens this row's policy replaced by others (token-to-token editing)
     remasked: int = 0  # committed tokens this row's policy masked again (remasking)
+    draft_forwards: int = 0  # speculative decoding: drafter forwards (nfe counts the target's forwards)
 
     @property
     def num_tokens(self) -> int:
@@ -40,7 +41,13 @@ class BatchOutput:
 
     @property
     def nfe(self) -> int:
-        return len(self.steps)
+        """Batched forwards of the model (a speculative decode's drafter forwards are not counted:
+        `draft_forwards`)."""
+        return sum(1 for s in self.steps if s.kind != "draft")
+
+    @property
+    def draft_forwards(self) -> int:
+        return sum(1 for s in self.steps if s.kind == "draft")
 
     @property
     def tokens(self) -> int:
@@ -53,10 +60,11 @@ class BatchOutput:
 
 
 def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
-              seal_forwards: int = 0, edits: int = 0, remasked: int = 0) -> GenerationResult:
+              seal_forwards: int = 0, edits: int = 0, remasked: int = 0, draft_forwards: int = 0) -> GenerationResult:
     """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
     cut = first_stop_index(raw, set(stop_ids))
     ids = raw if cut is None else raw[:cut]
     return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                             finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
-                            seconds=seconds, seal_forwards=seal_forwards, edits=edits, remasked=remasked)
+                            seconds=seconds, seal_forwards=seal_forwards, edits=edits, remasked=remasked,
+                            draft_forwards=draft_forwards)

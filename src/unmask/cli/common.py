@@ -30,7 +30,14 @@ def add_model_args(p: argparse.ArgumentParser, json_help: str = "print one JSON 
     p.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     add_parallel_args(p)
+    add_draft_args(p)
     p.add_argument("--json", action="store_true", help=json_help)
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="a DFlash drafter folder (z-lab's layout; 'default-dflash' drafts for 'default-ar'): "
+                        "speculative decoding of this autoregressive model, with its own output (docs/speculative.md)")
 
 
 def add_parallel_args(p: argparse.ArgumentParser) -> None:
@@ -122,7 +129,7 @@ def load_llm(a: argparse.Namespace):
     from unmask.llm import LLM, default_device
 
     return LLM(a.model, dtype=a.dtype, device=a.device or default_device(),
-               tensor_parallel=getattr(a, "tensor_parallel", 1))
+               tensor_parallel=getattr(a, "tensor_parallel", 1), draft=getattr(a, "draft", None))
 
 
 def add_data_parallel_args(p: argparse.ArgumentParser) -> None:

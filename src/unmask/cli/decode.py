@@ -33,7 +33,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     params = params_for(llm, a, fast=True)
     prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
     out = llm.generate(prompts, params, chat=a.chat)
-    policy = "autoregressive" if llm.arch.causal else params.policy
+    policy = ("speculative" if llm.drafter is not None else "autoregressive") if llm.arch.causal else params.policy
     if a.json:
         exact = params.compat is not None  # compat modes return the whole canvas, like the reference
         print(json.dumps({
@@ -46,6 +46,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
             "edits": [r.edits for r in out.results],
             "remasked": [r.remasked for r in out.results],
             "tokens_per_forward": out.tokens_per_forward,
+            "draft_forwards": out.draft_forwards,
             "seconds": out.seconds,
             "cache": out.cache,
             "policy": policy,
@@ -56,7 +57,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(r.text)
         print(f"[unmask] nfe={out.nfe} tokens={out.tokens} tokens/forward={out.tokens_per_forward:.2f} "
               f"time={out.seconds:.2f}s ({out.tokens / max(out.seconds, 1e-9):.1f} tok/s) cache={out.cache} "
-              f"policy={policy}", file=sys.stderr)
+              f"policy={policy}" + (f" draft_forwards={out.draft_forwards}" if llm.drafter is not None else ""),
+              file=sys.stderr)
     return 0
 
 

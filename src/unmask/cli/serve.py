@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from unmask.cli.common import MODEL_HELP, add_parallel_args, load_llm
+from unmask.cli.common import MODEL_HELP, add_draft_args, add_parallel_args, load_llm
 from unmask.errors import UnmaskError
 
 
@@ -58,6 +58,7 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
         raise UnmaskError(f"model folder {path} does not exist")
     resolve_family(read_json(path / "config.json"))
     model = str(path)
+    draft = None if a.draft is None else str(resolve_model_path(a.draft))
     # without --ray-address a new local instance (never one another program started here)
     ray.init(address=a.ray_address or "local", include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": a.host, "port": a.port})
@@ -67,7 +68,7 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
                 target_ongoing_requests=a.target_ongoing_requests, replica_cpus=a.replica_cpus,
                 replica_gpus=a.replica_gpus, dtype=a.dtype, device=a.device or default_device(),
                 tensor_parallel=a.tensor_parallel, served_model_name=a.served_model_name, api_key=a.api_key,
-                engine=engine)
+                engine=engine, draft=draft)
     print(f"unmask: serving {a.served_model_name} ({model}) on Ray Serve at http://{a.host}:{a.port} "
           f"({'autoscaled' if a.replicas is None else a.replicas} replicas; Ray at "
           f"{ray.get_runtime_context().gcs_address})", file=sys.stderr)
@@ -97,6 +98,7 @@ def add_parsers(sub) -> dict:
     sv.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     sv.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     add_parallel_args(sv)
+    add_draft_args(sv)
     r = sv.add_argument_group("replicas on Ray Serve", "Any of these serves through Ray Serve (pip install 'unmask[ray]').")
     r.add_argument("--replicas", type=int, default=None, metavar="N", help="engine replicas behind one endpoint")
     r.add_argument("--min-replicas", type=int, default=None, help="autoscale: fewest replicas")

@@ -55,6 +55,9 @@ class Request:
     edits: int = 0  # committed tokens its policy replaced (token-to-token editing)
     remasked: int = 0  # committed tokens its policy masked again (remasking)
     commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
+    draft_forwards: int = 0  # speculative rows: drafter forwards (each proposes `drafted` / draft_forwards tokens)
+    drafted: int = 0  # speculative rows: draft tokens proposed to the target
+    accepted: int = 0  # speculative rows: of those, the ones the target accepted
     committed: int = 0  # contiguous committed tokens from the start of the answer
     canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -82,3 +85,6 @@ class StepOutput:
     # canvas), or in the running canvas (whose argmax `canvas` shows) "stable" (argmax unchanged
     # this step), "accepted" (changed, and accepted by the sampler) or "renoised" (changed, renoised)
     states: list[str] | None = None
+    # speculative rows: draft tokens proposed to the target and accepted by it in this step
+    drafted: int = 0
+    accepted: int = 0

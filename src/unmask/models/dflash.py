@@ -101,6 +101,22 @@ def dflash_config(cfg: dict) -> DraftConfig:
     return out
 
 
+def check_pair(c: DraftConfig, target, where: str = "drafter") -> None:
+    """Whether drafter config `c` fits `target` (an ArchConfig), or a CheckpointError naming the field."""
+    if not target.causal:
+        raise CheckpointError(f"{where}: a DFlash drafter drafts for an autoregressive target; this "
+                              f"{target.family} model is a diffusion model")
+    if c.hidden_size != target.hidden_size:
+        raise CheckpointError(f"{where}: hidden_size {c.hidden_size} is not the target's {target.hidden_size} (a "
+                              "drafter reads its target's hidden states and uses its embedding and head)")
+    if c.num_target_layers != target.num_layers:
+        raise CheckpointError(f"{where}: num_target_layers {c.num_target_layers} is not the target's "
+                              f"{target.num_layers} layers (this drafter was trained for another model)")
+    if c.mask_token_id is not None and not 0 <= c.mask_token_id < target.vocab_size:
+        raise CheckpointError(f"{where}: dflash_config.mask_token_id {c.mask_token_id} is outside the target's "
+                              f"vocabulary [0, {target.vocab_size})")
+
+
 class _Attention(nn.Module):
     def __init__(self, c: DraftConfig) -> None:
         super().__init__()

@@ -58,6 +58,26 @@ def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
 
 
 @torch.inference_mode()
+def autoregressive(target, prompt: list[int], max_new_tokens: int, stop_ids=()) -> list[int]:
+    """The target's own greedy decoding, one token per forward with its KV cache (what a lossless
+    speculative decode must reproduce), cut after the first stop token."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([prompt], device=device)
+    kv = _GrowingKV(target.config.num_layers)
+    out, start, stops = [], 0, set(stop_ids)
+    while len(out) < max_new_tokens:
+        kv.length = start + ids.shape[1]
+        pos = torch.arange(start, kv.length, device=device)[None]
+        logits = target(ids, pos, kv, start, None, slice(ids.shape[1] - 1, ids.shape[1]))
+        start = kv.length
+        out.append(int(logits[0, -1].argmax()))
+        if out[-1] in stops:
+            break
+        ids = torch.tensor([[out[-1]]], device=device)
+    return out
+
+
+@torch.inference_mode()
 def speculate(target, drafter: DFlashDrafter, prompt: list[int], max_new_tokens: int, stop_ids=(),
               temperature: float = 0.0, mask_id: int | None = None, generator=None) -> Speculated:
     """Decode `max_new_tokens` after `prompt` with `target` (a causal DiffusionLM: hidden j scores

@@ -46,6 +46,9 @@ class Metrics:
     nfe: int = 0  # request-forwards: each request counts every forward it is in
     tokens: int = 0  # tokens committed
     steps: int = 0
+    drafts: int = 0  # speculative decoding: request-verifies of a drafted block
+    draft_tokens: int = 0  # draft tokens proposed
+    accepted_tokens: int = 0  # draft tokens the target accepted
     step_seconds: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS))
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
 
@@ -155,6 +158,10 @@ class AsyncEngine:
         for out in outs:
             m.nfe += 1
             m.tokens += out.request.commits[-1] if out.request.commits else 0
+            if out.drafted:  # speculative decoding
+                m.drafts += 1
+                m.draft_tokens += out.drafted
+                m.accepted_tokens += out.accepted
             req = out.request
             if out.new_ids and req.first_commit is not None and req.committed == len(out.new_ids):
                 m.ttft.observe(req.first_commit - req.arrival)

@@ -20,6 +20,20 @@ def prometheus(engine: AsyncEngine) -> str:
         "# HELP unmask_tokens_per_forward Tokens committed per request-forward.",
         "# TYPE unmask_tokens_per_forward gauge", f"unmask_tokens_per_forward {m.tokens / m.nfe if m.nfe else 0.0}",
     ]
+    if m.drafts:  # speculative decoding (vLLM's spec_decode counters, by these names)
+        lines += [
+            "# HELP unmask_spec_decode_num_drafts_total Drafted blocks verified.",
+            "# TYPE unmask_spec_decode_num_drafts_total counter", f"unmask_spec_decode_num_drafts_total {m.drafts}",
+            "# HELP unmask_spec_decode_num_draft_tokens_total Draft tokens proposed.",
+            "# TYPE unmask_spec_decode_num_draft_tokens_total counter",
+            f"unmask_spec_decode_num_draft_tokens_total {m.draft_tokens}",
+            "# HELP unmask_spec_decode_num_accepted_tokens_total Draft tokens accepted by the target.",
+            "# TYPE unmask_spec_decode_num_accepted_tokens_total counter",
+            f"unmask_spec_decode_num_accepted_tokens_total {m.accepted_tokens}",
+            "# HELP unmask_spec_decode_mean_accepted_length Tokens per verify forward (accepted drafts + 1).",
+            "# TYPE unmask_spec_decode_mean_accepted_length gauge",
+            f"unmask_spec_decode_mean_accepted_length {1 + m.accepted_tokens / m.drafts}",
+        ]
     lines += m.step_seconds.prometheus("unmask_step_seconds", "Engine step time.")
     lines += m.ttft.prometheus("unmask_time_to_first_token_seconds", "Arrival to the first committed token.")
     return "\n".join(lines) + "\n"

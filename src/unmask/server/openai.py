@@ -29,9 +29,13 @@ def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     nfe = sum(r.nfe for r in reqs if r is not None)
     ends = sum(st.finish_reason == "stop" for st in streams)
     done = [r for r in reqs if r is not None]
-    return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
-            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
-            "edits": sum(r.edits for r in done), "remasked": sum(r.remasked for r in done)}
+    out = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
+           "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
+           "edits": sum(r.edits for r in done), "remasked": sum(r.remasked for r in done)}
+    if any(r.draft_forwards for r in done):  # speculative decoding: the drafter's side
+        out |= {"draft_forwards": sum(r.draft_forwards for r in done), "draft_tokens": sum(r.drafted for r in done),
+                "accepted_draft_tokens": sum(r.accepted for r in done)}
+    return out
 
 
 def chunk(kind: str, rid: str, created: int, model: str, i: int, delta: str | None, finish: str | None,

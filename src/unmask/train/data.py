@@ -85,7 +85,12 @@ def make_batches(examples: list[Example], tok: Tokenizer, gen_length: int) -> li
     """The examples as at most two batches of similar prompt length (a word problem's prompt is
     three times a copy prompt's): the split that pads the fewest positions. Padding is masked out
     of attention and loss, so the two batches give the same gradient as one, for less compute."""
-    enc = sorted(_encode(examples, tok, gen_length), key=lambda e: len(e[0]))
+    return group_batches(_encode(examples, tok, gen_length), tok, gen_length)
+
+
+def group_batches(enc: list[tuple[list[int], list[int]]], tok: Tokenizer, gen_length: int) -> list[Batch]:
+    """(prompt ids, answer ids) pairs as make_batches groups them."""
+    enc = sorted(enc, key=lambda e: len(e[0]))
     lens = [len(p) for p, _ in enc]
     B = len(enc)
     best, cut = B * lens[-1], B

@@ -13,9 +13,9 @@ from unmask.errors import UnmaskError
 from unmask.files import output_folder, writable_folder
 from unmask.loading import resolve_model_path
 from unmask.models.llada import LLaDAModel
-from unmask.models.loader import load_model
+from unmask.models.loader import load_drafter, load_model
 from unmask.progress import Progress
-from unmask.train import renoise
+from unmask.train import dflash, renoise
 from unmask.train.data import TaskSampler, build_tokenizer, make_batches
 from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token_ids, train_step
 
@@ -28,6 +28,8 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     from unmask.params import GenerationParams
     from unmask.tokenizer import Tokenizer
 
+    if cfg.kind == "dflash":  # acceptance and losslessness of speculative decoding with the target
+        return dflash.evaluate(model, tok, tuple(sorted(cfg.tasks)), cfg.eval_n, cfg.gen_length, token_ids(tok).stop)
     llm = LLM.from_parts(model, Tokenizer(tok, {}, None), token_ids(tok))
     g = cfg.gen_length
     block = cfg.block_length if cfg.kind == "block" else g
@@ -39,6 +41,24 @@ def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     res = evaluate(llm, tuple(sorted(cfg.tasks)), cfg.eval_n, params, batch_size=cfg.eval_n)
     model.train()
     return {r.task: round(r.exact, 4) for r in res}
+
+
+def _target(cfg: TrainConfig, tok):
+    """The drafter's frozen target (an autoregressive model over the task suite's vocabulary)."""
+    from unmask.llm import LLM
+
+    llm = LLM(cfg.target)
+    if not llm.arch.causal:
+        raise UnmaskError(f"--target {cfg.target}: a drafter's target must be an autoregressive model; "
+                          f"this one is a {llm.arch.family} diffusion model")
+    if llm.arch.vocab_size != tok.get_vocab_size():
+        raise UnmaskError(f"--target {cfg.target}: its vocabulary ({llm.arch.vocab_size}) is not the task "
+                          f"suite's ({tok.get_vocab_size()})")
+    bad = [i for i in cfg.target_layers if i >= llm.arch.num_layers]
+    if bad:
+        raise UnmaskError(f"target_layers {bad} are not layers of the {llm.arch.num_layers}-layer target")
+    llm.model.requires_grad_(False)
+    return llm
 
 
 def _prepare_out(out: Path, resume: bool, overwrite: bool) -> bool:
@@ -87,7 +107,11 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     state_path = out / STATE
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer()
-    if cfg.kind == "renoise":
+    target_llm = None
+    if cfg.kind == "dflash":
+        target_llm = _target(cfg, tok)
+        model = dflash.build(cfg, target_llm.model, tok.token_to_id("<|mdm_mask|>"))
+    elif cfg.kind == "renoise":
         model = renoise.build(cfg, tok.get_vocab_size(), token_ids(tok))
     else:
         model = LLaDAModel(arch_for(cfg, tok.get_vocab_size())).train()
@@ -97,9 +121,12 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
                     p.normal_(0, 0.02)
     if cfg.init_from is not None and not resume:
         init = resolve_model_path(cfg.init_from)  # a run folder, a model folder, or an embedded model's name
-        src, _ = load_model(init / "model" if (init / "model").exists() else init)
+        init = init / "model" if (init / "model").exists() else init
+        src, _ = load_drafter(init) if cfg.kind == "dflash" else load_model(init)
         try:
-            if cfg.kind == "renoise":
+            if cfg.kind == "dflash":
+                model.drafter.load_state_dict(src.state_dict())
+            elif cfg.kind == "renoise":
                 renoise.init_from_llada(model, src)
             else:
                 model.load_state_dict(src.state_dict())
@@ -126,7 +153,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
                 "history": history, "final": final}
         g = cfg.gen_length
         block = cfg.block_length if cfg.kind == "block" else g
-        if cfg.kind == "renoise":
+        if cfg.kind == "dflash":
+            dflash.save(model, tok, out / "model", meta, tok.get_vocab_size())
+        elif cfg.kind == "renoise":
             renoise.save(model, tok, out / "model", cfg, token_ids(tok), meta)
         else:
             save_model(model, tok, out / "model", {"gen_length": g, "block_length": block, "steps": g}, meta)
@@ -140,7 +169,11 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     while step < stop:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        batches = make_batches([sampler.next() for _ in range(cfg.batch)], tok, cfg.gen_length)
+        examples = [sampler.next() for _ in range(cfg.batch)]
+        if target_llm is not None:  # a drafter learns what its target says
+            batches = dflash.regenerate(target_llm, examples, tok, cfg.gen_length)
+        else:
+            batches = make_batches(examples, tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
         loss = train_step(model, batches, cfg, mask_id, gen)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -29,7 +29,7 @@ DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
 @dataclass
 class TrainConfig:
-    kind: str = "diffusion"  # "diffusion" | "ar" | "block" | "renoise"
+    kind: str = "diffusion"  # "diffusion" | "ar" | "block" | "renoise" | "dflash"
     layers: int = 4
     d_model: int = 256
     heads: int = 4
@@ -66,12 +66,24 @@ class TrainConfig:
     top_k: int = 1
     expert_size: int = 32
     self_cond: float = 0.5
+    # dflash only (unmask.train.dflash): a drafter for the autoregressive `target` (its width and
+    # heads; `layers` and `mlp` are the drafter's, blocks of `block_length`), reading the target's
+    # `target_layers` (empty: all), `anchors` blocks per row, loss decay `loss_gamma`
+    target: str = "default-ar"
+    target_layers: tuple = ()
+    anchors: int = 16
+    loss_gamma: float = 4.0
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
 
-        if self.kind not in ("diffusion", "ar", "block", "renoise"):
-            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion, block, renoise or ar")
+        if self.kind not in ("diffusion", "ar", "block", "renoise", "dflash"):
+            raise UnmaskError(f"unknown kind {self.kind!r}; choose diffusion, block, renoise, ar or dflash")
+        self.target_layers = tuple(self.target_layers)
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.target_layers):
+            raise UnmaskError(f"target_layers {self.target_layers!r} must be layer indices")
+        if self.kind == "dflash" and self.block_length < 2:
+            raise UnmaskError(f"block_length {self.block_length} must be at least 2 for a drafter")
         if self.kind == "renoise" and self.logit_shift:
             raise UnmaskError("logit_shift 1: a renoising model scores each canvas position's own token")
         if not 0 <= self.self_cond <= 1 or self.top_k > self.experts:
@@ -80,7 +92,7 @@ class TrainConfig:
         if self.kind == "block":
             self.logit_shift = 1  # token shift: the first token of a block is predicted by the last of the previous one
         for name in ("layers", "d_model", "heads", "mlp", "gen_length", "batch", "steps", "eval_every", "eval_n",
-                     "block_length", "experts", "top_k", "expert_size"):
+                     "block_length", "experts", "top_k", "expert_size", "anchors"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UnmaskError(f"{name} {v!r} must be a positive integer")
@@ -99,6 +111,9 @@ class TrainConfig:
             raise UnmaskError(f"d_model {self.d_model} must split into {self.heads} heads of even size")
         if self.logit_shift not in (0, 1) or (self.logit_shift and self.kind == "ar"):
             raise UnmaskError(f"logit_shift {self.logit_shift!r} must be 0 or 1, and 1 only for a diffusion model")
+        if not (isinstance(self.loss_gamma, (int, float)) and not isinstance(self.loss_gamma, bool)
+                and math.isfinite(self.loss_gamma) and self.loss_gamma > 0):
+            raise UnmaskError(f"loss_gamma {self.loss_gamma!r} must be a finite number > 0")
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps", "edit_noise", "edit_weight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -279,6 +294,13 @@ def ar_targets(b: Batch) -> int:
 def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator) -> float:
     """Forward and backward over a batch split into length groups; gradients accumulate to exactly
     those of the whole batch's mean loss. Returns that loss."""
+    if cfg.kind == "dflash":  # the weighted mean over both groups' blocks
+        from unmask.train.dflash import dflash_loss
+
+        parts = [dflash_loss(model, b, cfg.anchors, cfg.loss_gamma, gen) for b in batches]
+        loss = sum(p[0] for p in parts) / sum(p[1] for p in parts).clamp(min=1e-6)
+        loss.backward()
+        return float(loss.detach())
     if cfg.kind in ("diffusion", "renoise"):
         rows = sum(b.ids.shape[0] for b in batches)
         t = noise_levels(rows, cfg.eps, gen)

@@ -1,0 +1,202 @@
+"""Speculative rows in the request engine (issue 24): DFlash drafting with batched verification.
+The engine's output is the target's (greedy: token for token; sampled: its distribution), it
+equals the one-request reference loop (reference/dflash.py, itself tested against z-lab's
+release) token for token and in accepted lengths under continuous batching, a request's output
+does not depend on what else runs, and the drafter's layout, the loader's checks, the CLI, the
+server and the training run (`unmask train --kind dflash`) work end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_dflash import _chi2_pvalue, _random_drafter, write_drafter, write_qwen3_target
+from unmask import LLM, GenerationParams
+from unmask.engine import EngineConfig
+from unmask.engine.speculative import SpecEngine
+from unmask.errors import CheckpointError, UnmaskError
+from unmask.models.base import TokenIds
+from unmask.models.loader import load_drafter, load_model
+from unmask.reference.dflash import autoregressive, speculate
+
+PROMPTS = ["copy : red 4 owl", "sort : 7 4 0", "reverse : sun 3 cat tree", "json : name bob age 3 4 city rome",
+           "add 0 6 5 + 0 8 5 =", "copy : 1 dog tree bee black red blue"]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """A tiny Qwen3 target whose head says only 0, 7 or 9, and a random drafter for it: blocks are
+    accepted whole, cut, or rejected, so both caches roll back often."""
+    d = tmp_path_factory.mktemp("qwen3")
+    write_qwen3_target(d / "t", seed=0, scale=1.0)
+    write_drafter(d / "d", layers=2, target_layers=6, block=4)
+    target, _ = load_model(d / "t")
+    drafter, _ = load_drafter(d / "d")
+    return target, drafter, TokenIds(mask=63, eos=0, pad=1, stop=(0,)), d
+
+
+def _run(engine, prompts, params, stagger: int = 0):
+    """Add the prompts (one more every `stagger` steps, else all at once), step until done."""
+    reqs, pending = [], list(prompts)
+    while pending or engine.has_unfinished():
+        if pending and (not stagger or not reqs or engine.num_running == 0 or len(engine.trace) % stagger == 0):
+            reqs.append(engine.add_request(pending.pop(0), params))
+            if not stagger:
+                continue
+        engine.step()
+    return reqs
+
+
+def test_engine_equals_the_reference_loop_under_continuous_batching(qwen3):
+    """Rows join at different steps, finish at different steps; each request's tokens and accepted
+    lengths equal the one-request loop's, and its output is the target's greedy output."""
+    target, drafter, ids, _ = qwen3
+    prompts = [[3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8], [2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    params = GenerationParams(gen_length=30)
+    engine = SpecEngine(target, drafter, ids, EngineConfig())
+    reqs = _run(engine, prompts, params, stagger=3)
+    seen = set()
+    for q, p in zip(reqs, prompts):
+        ref = speculate(target, drafter, p, 30, ids.stop)
+        assert q.canvas == ref.tokens == autoregressive(target, p, 30, ids.stop)
+        # the release runs one more verify once the last position is filled; the engine stops there
+        rounds = len(q.commits) - 1
+        assert q.commits == [1] + ref.accepted[:rounds] and len(ref.accepted) - rounds in (0, 1)
+        assert q.draft_forwards == rounds and q.drafted == 3 * rounds
+        assert q.accepted == sum(a - 1 for a in ref.accepted[:rounds])
+        seen |= set(ref.accepted[:rounds])
+    assert {1, 4} <= seen and len(seen) >= 3  # rejected, whole and cut blocks all occurred
+    kinds = {r.kind for r in engine.trace}
+    assert kinds == {"full", "draft", "verify"}
+
+
+def test_batch_invariance_and_abort(qwen3):
+    """A request's output alone equals its output beside others (greedy and seeded sampling), and
+    aborting one row leaves the others' outputs unchanged."""
+    target, drafter, ids, _ = qwen3
+    prompts = [[3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8], [7, 7]]
+    for params in (GenerationParams(gen_length=20), GenerationParams(gen_length=20, temperature=0.8, seed=5)):
+        alone = [_run(SpecEngine(target, drafter, ids), [p], params)[0].canvas for p in prompts]
+        engine = SpecEngine(target, drafter, ids)
+        reqs = [engine.add_request(p, params) for p in prompts]
+        extra = engine.add_request([9, 9, 9, 9], params)
+        engine.step()
+        engine.step()
+        assert engine.abort(extra.id) and extra.finish_reason == "abort"
+        while engine.has_unfinished():
+            engine.step()
+        assert [q.canvas for q in reqs] == alone
+
+
+def test_sampled_engine_follows_the_targets_distribution(qwen3):
+    """At temperature 1, the first two tokens of 400 unseeded engine samples (drafts accepted and
+    rejected) against 400 of the target's own sampling: a chi-square test of homogeneity."""
+    target, drafter, ids, _ = qwen3
+    prompt = [3, 9, 14, 2, 7]
+    torch.manual_seed(0)
+    engine = SpecEngine(target, drafter, TokenIds(mask=63, eos=62, pad=1, stop=(62,)), EngineConfig(max_num_seqs=400))
+    reqs = [engine.add_request(prompt, GenerationParams(gen_length=4, temperature=1.0)) for _ in range(400)]
+    while engine.has_unfinished():
+        engine.step()
+    spec = [tuple(q.canvas[:2]) for q in reqs]
+    assert sum(q.accepted for q in reqs) > 0  # drafts were accepted
+    plain = []
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for _ in range(400):
+            x = torch.tensor([prompt])
+            out = []
+            for _ in range(2):
+                logits = target(x, torch.arange(x.shape[1])[None])[0, -1]
+                t = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+                out.append(t)
+                x = torch.cat([x, torch.tensor([[t]])], 1)
+            plain.append(tuple(out))
+    keys = sorted(set(spec) | set(plain))
+    table = [[spec.count(k) for k in keys], [plain.count(k) for k in keys]]
+    assert _chi2_pvalue(table) > 0.001, table
+
+
+def test_llm_draft_is_lossless_on_the_ar_twin(embedded_ar):
+    """LLM(default-ar, draft=...) with a random drafter: the AR twin's greedy output for every
+    prompt, in a batch; nfe counts the target's forwards, draft forwards are reported apart."""
+    plain = embedded_ar.generate(PROMPTS, {"gen_length": 24}, chat=False)
+    llm = LLM.from_parts(embedded_ar.model, embedded_ar.tokenizer, embedded_ar.token_ids,
+                         drafter=_random_drafter(embedded_ar.model, block=4))
+    spec = llm.generate(PROMPTS, {"gen_length": 24}, chat=False)
+    assert [r.token_ids for r in spec.results] == [r.token_ids for r in plain.results]
+    assert spec.draft_forwards >= 1 and all(r.draft_forwards == r.nfe - 1 for r in spec.results)
+    with pytest.raises(UnmaskError, match="steps"):  # an AR model's fields only
+        llm.generate(PROMPTS[:1], {"gen_length": 24, "steps": 4}, chat=False)
+
+
+def test_drafter_pairing_is_checked(tmp_path, qwen3, embedded_ar):
+    _, _, _, d = qwen3
+    with pytest.raises(CheckpointError, match="hidden_size 32 is not the target's 256"):
+        LLM("default-ar", draft=d / "d")
+    with pytest.raises(CheckpointError, match="diffusion model"):
+        LLM("default", draft=d / "d")
+    with pytest.raises(UnmaskError, match="tensor_parallel 2"):
+        LLM("default-ar", draft=d / "d", tensor_parallel=2)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        LLM("default-ar", draft=tmp_path / "missing")
+    write_drafter(tmp_path / "other", layers=2, target_layers=8, block=4)
+    from unmask.models.dflash import check_pair
+
+    other, _ = load_drafter(tmp_path / "other")
+    target, _ = load_model(d / "t")
+    with pytest.raises(CheckpointError, match="num_target_layers 8 is not the target's 6"):
+        check_pair(other.config, target.config)
+
+
+def test_training_writes_the_release_layout_and_resumes(tmp_path):
+    """`unmask train --kind dflash` (a few steps): the checkpoint loads through unmask's loader and
+    through z-lab's own DFlashDraftModel with equal hidden states; a run split by --until and
+    --resume equals the uninterrupted one; evaluation reports lossless speculation."""
+    from reference_dflash import DFlashDraftModel
+
+    from unmask.train.run import train
+    from unmask.train.trainer import TrainConfig
+
+    kw = dict(kind="dflash", layers=1, mlp=128, block_length=4, batch=4, steps=4, eval_every=4, eval_n=2,
+              anchors=4, target_layers=(1, 3), tasks={"copy": 1.0, "sort": 1.0}, warmup=1)
+    whole = train(TrainConfig(**kw), tmp_path / "a", progress=False)
+    train(TrainConfig(**kw), tmp_path / "b", progress=False, until=2)
+    split = train(TrainConfig(**kw), tmp_path / "b", resume=True, progress=False)
+    assert whole["loss"] == pytest.approx(split["loss"], rel=1e-5)
+    ev = whole["history"]["held_out_exact"]
+    assert set(ev) == {"copy", "sort"} and all(v["lossless"] == 1.0 and v["accepted"] >= 1 for v in ev.values())
+    ours, cfg = load_drafter(tmp_path / "a" / "model")
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 3] and ours.config.block_size == 4
+    ref = DFlashDraftModel.from_pretrained(tmp_path / "a" / "model").eval()
+    torch.manual_seed(0)
+    noise, ctx = torch.randn(1, 4, 256), torch.randn(1, 5, 512)
+    pos = torch.arange(9)[None]
+    with torch.no_grad():
+        want = ref(position_ids=pos, noise_embedding=noise, target_hidden=ctx, use_cache=False)
+        got = ours(noise, ctx, pos)
+    assert torch.allclose(got, want, atol=1e-5)
+    with pytest.raises(UnmaskError, match="autoregressive"):
+        train(TrainConfig(**{**kw, "target": "default"}), tmp_path / "c", progress=False)
+    assert not (tmp_path / "c").exists()
+
+
+def test_cli_generate_with_a_draft(tmp_path, embedded_ar):
+    """`unmask generate --model default-ar --draft PATH --json`: the AR twin's tokens, the drafter's
+    forwards reported."""
+    from unmask.train.dflash import DraftTrainee, save
+    from unmask.train.data import build_tokenizer
+
+    save(DraftTrainee(_random_drafter(embedded_ar.model, block=4), embedded_ar.model), build_tokenizer(),
+         tmp_path / "d", {}, embedded_ar.arch.vocab_size)
+    run = lambda *extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "unmask", "generate", "--model", "default-ar", "--json", *extra, PROMPTS[1]],
+        capture_output=True, text=True, timeout=120)
+    spec, plain = run("--draft", str(tmp_path / "d")), run()
+    assert spec.returncode == 0, spec.stderr
+    s, p = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert s["generated_ids"] == p["generated_ids"] and s["policy"] == "speculative" and s["draft_forwards"] >= 1
+    bad = run("--draft", str(tmp_path / "nothing"))
+    assert bad.returncode != 0 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
