@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The recorded recipe of the embedded DFlash drafter `default-dflash` for the AR twin `default-ar`
-# (seed 0, this 2-core CPU; about an hour). SpecForge's DFlash objective (`unmask train --kind
+# (seed 0, this 2-core CPU; about 70 minutes). SpecForge's DFlash objective (`unmask train --kind
 # dflash`, unmask.train.dflash): the target answers every training prompt itself (greedy), and the
 # drafter learns to fill blocks [anchor, MASK x 7] from the target's features before the anchor
 # (all four target layers), 16 anchors per row, loss decaying exp(-(k - 1) / 4) with the position k
