@@ -200,3 +200,36 @@ def test_cli_generate_with_a_draft(tmp_path, embedded_ar):
     assert s["generated_ids"] == p["generated_ids"] and s["policy"] == "speculative" and s["draft_forwards"] >= 1
     bad = run("--draft", str(tmp_path / "nothing"))
     assert bad.returncode != 0 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_server_streams_speculative_rows(embedded_ar):
+    """`unmask serve --draft`: completions (plain and streamed, concurrent) equal the AR twin's
+    offline output; usage and /metrics report the drafter's side."""
+    import concurrent.futures
+
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    from test_server import Server
+
+    llm = LLM.from_parts(embedded_ar.model, embedded_ar.tokenizer, embedded_ar.token_ids,
+                         drafter=_random_drafter(embedded_ar.model, block=4))
+    server = Server(llm, served_model_name="default-ar")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        want = [r.text for r in embedded_ar.generate(PROMPTS, {"gen_length": 24}, chat=False).results]
+
+        def ask(prompt):
+            plain = client.completions.create(model="default-ar", prompt=prompt, max_tokens=24)
+            chunks = list(client.completions.create(model="default-ar", prompt=prompt, max_tokens=24, stream=True))
+            return plain, "".join(c.choices[0].text for c in chunks if c.choices)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, PROMPTS))
+        for (plain, streamed), text in zip(got, want):
+            assert plain.choices[0].text == streamed == text
+            extra = plain.usage.model_extra
+            assert extra["draft_forwards"] == extra["nfe"] - 1 and extra["draft_tokens"] == 3 * extra["draft_forwards"]
+        metrics = httpx.get(server.url + "/metrics").text
+        assert "unmask_spec_decode_num_drafts_total" in metrics and "unmask_spec_decode_mean_accepted_length" in metrics
+    finally:
+        server.stop()

@@ -230,6 +230,12 @@ class LLM:
                                   q.draft_forwards) for q in reqs]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
 
+    def without_draft(self) -> "LLM":
+        """This model without its drafter (shares the weights): plain autoregressive decoding."""
+        out = object.__new__(LLM)
+        out.__dict__.update(self.__dict__, drafter=None, draft_path=None)
+        return out
+
     @property
     def tensor_parallel(self) -> int:
         return 1 if self.ranks is None else self.ranks.world

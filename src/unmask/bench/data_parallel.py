@@ -24,13 +24,13 @@ from unmask.errors import UnmaskError
 class _Decoder:
     """One Ray Data actor: a model, and the batches it is handed."""
 
-    def __init__(self, model: str, dtype: str | None, device: str, threads: int) -> None:
+    def __init__(self, model: str, dtype: str | None, device: str, threads: int, draft: str | None = None) -> None:
         import torch
 
         from unmask.llm import LLM
 
         torch.set_num_threads(threads)
-        self.llm = LLM(model, dtype=dtype, device=device)
+        self.llm = LLM(model, dtype=dtype, device=device, draft=draft)
 
     def __call__(self, rows: dict, params, chat, unknown_words) -> dict:
         outs = [pickle.dumps(self.llm.generate(pickle.loads(p), params, chat=chat, unknown_words=unknown_words))
@@ -63,6 +63,12 @@ class DataParallelLLM:
     def __getattr__(self, name):
         return getattr(self.llm, name)
 
+    def without_draft(self) -> "DataParallelLLM":
+        """The same actors' model without its drafter (the bench's AR twin rows beside its DFlash rows)."""
+        out = object.__new__(DataParallelLLM)
+        out.__dict__.update(self.__dict__, llm=self.llm.without_draft())
+        return out
+
     def generate_batches(self, prompts: list, params, batch_size: int, chat: bool | None = False,
                          unknown_words: str = "error", progress=None) -> list:
         import ray
@@ -76,7 +82,8 @@ class DataParallelLLM:
             _Decoder, batch_size=1, compute=ray.data.ActorPoolStrategy(size=min(self.n, len(batches))),
             num_cpus=self.actor_cpus, num_gpus=self.actor_gpus,
             fn_constructor_kwargs={"model": str(self.llm.path), "dtype": _dtype_name(self.llm), "device": self.device,
-                                   "threads": self.threads},
+                                   "threads": self.threads,
+                                   "draft": None if self.llm.draft_path is None else str(self.llm.draft_path)},
             fn_kwargs={"params": params, "chat": chat, "unknown_words": unknown_words})
         done: dict = {}
         t0 = time.perf_counter()

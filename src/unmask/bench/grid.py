@@ -17,7 +17,7 @@ def knob_names() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    policy: str  # a commit policy, or "ar" for the autoregressive twin
+    policy: str  # a commit policy, "ar" for the autoregressive twin, "dflash" for it with its drafter
     knob: float  # see knob_names(): fixed: tokens per step; threshold: tau; entropy: gamma; ...
     cache: str
     refresh_interval: int | None
@@ -35,6 +35,8 @@ class BenchConfig:
     def label(self) -> str:
         if self.policy == "ar":
             return f"AR twin b{self.batch}"
+        if self.policy == "dflash":
+            return f"DFlash b{self.batch}"
         r = f" r{self.refresh_interval}" if self.refresh_interval else ""
         r += f" t{self.refresh_tokens}" if self.refresh_tokens else ""
         r += f" p{self.refresh_below:g}" if self.refresh_below else ""
@@ -44,7 +46,7 @@ class BenchConfig:
 
     def params(self) -> GenerationParams:
         g = self.gen_length
-        if self.policy == "ar":
+        if self.policy in ("ar", "dflash"):  # the AR twin, alone or verifying a drafter's blocks
             return GenerationParams(gen_length=g, block_length=g)
         try:
             knob = POLICIES[self.policy].bench_params(self.knob, g)

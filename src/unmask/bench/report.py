@@ -4,6 +4,9 @@ from unmask.bench.stats import paired_bootstrap
 from unmask.files import save_figure
 
 
+# rows decoded by the autoregressive twin: alone, or verifying a DFlash drafter's blocks
+TWINS = ("ar", "dflash")
+
 def format_table(run: dict) -> str:
     """One row per configuration; `pred ms` is the roofline's time per step for this machine
     (the same forwards as measured), `pred err` its error against the measured time."""
@@ -102,7 +105,7 @@ def headline(run: dict, tolerance: float = 0.01, rule: str = "point") -> list[di
     out = []
     for batch in sorted({r["config"]["batch"] for r in run["results"]}):
         rows = [r for r in run["results"] if r["config"]["batch"] == batch]
-        diffusion = [r for r in rows if r["config"]["policy"] != "ar" and r["config"].get("model") != "block"]
+        diffusion = [r for r in rows if r["config"]["policy"] not in TWINS and r["config"].get("model") != "block"]
         blocks = [r for r in rows if r["config"].get("model") == "block"]
         if not diffusion:
             continue
@@ -118,6 +121,7 @@ def headline(run: dict, tolerance: float = 0.01, rule: str = "point") -> list[di
             near = _close(blocks, b0, tolerance, rule)
             picks += [("block baseline", b0), ("block best", max(near, key=lambda r: r["tokens_per_s"]))]
         picks += [("AR twin", r) for r in rows if r["config"]["policy"] == "ar"]
+        picks += [("DFlash", r) for r in rows if r["config"]["policy"] == "dflash"]
         for role, r in picks:
             out.append(_headline_row(batch, role, r, base))
     return out
@@ -138,7 +142,7 @@ def _reported(run: dict, tolerance: float) -> list[dict]:
     for batch, pick in _picks_at(run["chosen"]):
         rows = [r for r in run["results"] if r["config"]["batch"] == batch]
         r = next((r for r in rows if r["config"] == {**pick["config"], "batch": batch}), None)
-        base = next((r for r in rows if r["config"]["policy"] != "ar"), None)
+        base = next((r for r in rows if r["config"]["policy"] not in TWINS), None)
         if r is None or base is None:
             continue
         row = _headline_row(batch, pick["role"], r, base)
@@ -147,7 +151,7 @@ def _reported(run: dict, tolerance: float) -> list[dict]:
         if pick["role"] == "block best":
             ref = next((x for x in rows if x["config"].get("model") == "block"), base)
         f, b = _flags(r), _flags(ref)
-        if r["config"]["policy"] != "ar" and pick["role"] != "baseline" and f is not None and b is not None:
+        if r["config"]["policy"] not in TWINS and pick["role"] != "baseline" and f is not None and b is not None:
             # a pick that is its reference (the baseline was also the fastest within tolerance) holds trivially
             diff, lo, hi = paired_bootstrap(f, b) if r is not ref else (0.0, 0.0, 0.0)
             row["vs_reference"] = {"reference": ref["label"], "diff": diff, "ci95": [lo, hi]}
@@ -179,7 +183,7 @@ def grid_from_chosen(chosen: dict, with_block: bool) -> list:
     rows = sorted(_picks_at(chosen), key=lambda bh: (bh[0], bh[1]["role"] != "baseline"))
     for batch, h in rows:
         cfg = {**h["config"], "batch": batch}
-        if cfg["policy"] == "ar":
+        if cfg["policy"] in TWINS:
             continue
         if cfg.get("model") == "block" and not with_block:
             raise UnmaskError(f"--chosen: the pick {h['label']!r} is a block-diffusion configuration; give "
@@ -230,7 +234,7 @@ def plot_pareto(run: dict, path: str) -> None:
             colour = colours[j % len(colours)]
             rows = [r for r in run["results"] if r["config"]["batch"] == batch]
             for model, marker, name in (("diffusion", "o", "diffusion"), ("block", "s", "block diffusion")):
-                diff = [r for r in rows if r["config"]["policy"] != "ar" and r["config"].get("model", "diffusion") == model]
+                diff = [r for r in rows if r["config"]["policy"] not in TWINS and r["config"].get("model", "diffusion") == model]
                 if not diff:
                     continue
                 diff = [r for r in diff if key in r]  # runs written before a metric existed lack it
@@ -247,6 +251,9 @@ def plot_pareto(run: dict, path: str) -> None:
                 if r["config"]["policy"] == "ar" and key in r:
                     ax.scatter([r[key]], [100 * r["accuracy"]], marker="*", s=140, edgecolor="k",
                                color=colour, label=f"AR twin b{batch}")
+                if r["config"]["policy"] == "dflash" and key in r:
+                    ax.scatter([r[key]], [100 * r["accuracy"]], marker="P", s=110, edgecolor="k",
+                               color=colour, label=f"DFlash (AR twin + drafter) b{batch}")
         ax.set(xlabel=xlabel + f" ({better} is better)", ylabel="exact match / validity (%)", xscale="log")
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(alpha=0.3)
@@ -275,7 +282,7 @@ def plot_caches(run: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in run["results"] if r["config"]["policy"] != "ar" and r["config"].get("model") != "block"
+    rows = [r for r in run["results"] if r["config"]["policy"] not in TWINS and r["config"].get("model") != "block"
             and "positions_per_request" in r]
     if not rows:
         return

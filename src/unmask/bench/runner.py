@@ -97,10 +97,15 @@ def measure(llm: LLM, cfg: BenchConfig, tasks: list[str], n: int, roof: Roofline
     return m
 
 
-def with_ar_twin(grid: list[BenchConfig]) -> list[BenchConfig]:
-    """The grid plus the AR twin at each of its batch sizes."""
+def with_ar_twin(grid: list[BenchConfig], dflash: bool = False) -> list[BenchConfig]:
+    """The grid plus the AR twin at each of its batch sizes (and, with `dflash`, the AR twin
+    verifying its DFlash drafter's blocks)."""
     g = grid[0].gen_length
-    return list(grid) + [BenchConfig("ar", 1.0, "kv", None, g, g, b) for b in sorted({c.batch for c in grid})]
+    batches = sorted({c.batch for c in grid})
+    twins = [BenchConfig("ar", 1.0, "kv", None, g, g, b) for b in batches]
+    if dflash:
+        twins += [BenchConfig("dflash", 1.0, "kv", None, g, g, b) for b in batches]
+    return list(grid) + sorted(twins, key=lambda c: c.batch)
 
 
 def context(device=None) -> dict:
@@ -135,22 +140,27 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
         roofs["ar"] = (ar, _roofline(ar, hw))
     if block is not None:
         roofs["block"] = (block, _roofline(block, hw))
+    dflash = ar is not None and getattr(ar, "drafter", None) is not None
+    if dflash:  # the AR twin alone, then verifying its drafter's blocks
+        roofs["dflash"] = (ar, roofs["ar"][1])
+        roofs["ar"] = (ar.without_draft(), roofs["ar"][1])
     rows, baselines = [], {}
-    configs = with_ar_twin(grid) if ar is not None else list(grid)
+    configs = with_ar_twin(grid, dflash) if ar is not None else list(grid)
     run = {"context": {**context(device), "device": str(device), "data_parallel": getattr(diffusion, "n", 1)},
            "hardware_measured": hw.__dict__,
            "tasks": tasks, "n_per_task": n, "split": split,
            "examples": f"held-out examples {SPLITS[split][0]}-{SPLITS[split][0] + n - 1} of each task",
            "dtype": str(next(diffusion.model.parameters()).dtype).replace("torch.", ""),
            "model": str(diffusion.path), "ar_model": str(ar.path) if ar else None,
+           "draft_model": str(ar.draft_path) if dflash else None,
            "block_model": str(block.path) if block else None,
            "configurations": len(configs), "results": rows}
     if chosen is not None:
         run["chosen"] = chosen
     for i, cfg in enumerate(configs):
-        llm, roof = roofs["ar" if cfg.policy == "ar" else cfg.model]
+        llm, roof = roofs[cfg.policy if cfg.policy in ("ar", "dflash") else cfg.model]
         m = measure(llm, cfg, tasks, n, roof, on_examples, split)
-        baselines.setdefault(cfg.batch, m if cfg.policy != "ar" else None)
+        baselines.setdefault(cfg.batch, m if cfg.policy not in ("ar", "dflash") else None)
         base = baselines.get(cfg.batch) or next(iter(baselines.values()))
         rows.append(m.summary(base))
         if progress:

@@ -61,7 +61,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     device = a.device or default_device()
     positive("data-parallel", a.data_parallel)
     diffusion = data_parallel(LLM(a.model, dtype=a.dtype, device=device), a)
-    ar = None if a.ar_model == "none" else data_parallel(LLM(a.ar_model, dtype=a.dtype, device=device), a)
+    if a.draft is not None and a.ar_model == "none":
+        raise UnmaskError("--draft drafts for the AR twin; give --ar-model (not none)")
+    ar = None if a.ar_model == "none" else data_parallel(LLM(a.ar_model, dtype=a.dtype, device=device, draft=a.draft), a)
     gens = gens or [diffusion.generation_defaults.get("gen_length", GenerationParams.gen_length)]
     grid = build_grid(policies, caches, refresh, blocks, gens, batches)  # every setting checked here
     block = None
@@ -92,7 +94,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             print(f"\r[{i}/{total}] {row['label']:34} acc {100 * row['accuracy']:5.1f}%  "
                   f"{row['tokens_per_s']:7.1f} tok/s  NFE {row['nfe_per_request']:5.1f}", file=sys.stderr)
 
-    configs = with_ar_twin(grid) if ar is not None else grid
+    configs = with_ar_twin(grid, a.draft is not None) if ar is not None else grid
     bar = progress_bar(len(configs) * len(tasks) * n, "bench ")
     bar.enabled = bar.enabled and not a.quiet
     run = run_grid(diffusion, ar, grid, tasks, n, progress, on_examples=bar.update, block=block, split=a.split,
@@ -195,6 +197,9 @@ def add_parsers(sub) -> dict:
     b = sub.add_parser("bench", help="quality and speed of a grid of decoding settings, with the AR twin")
     b.add_argument("--model", default=None, help="diffusion model folder (default: the embedded model)")
     b.add_argument("--ar-model", default="default-ar", help="AR twin folder, or 'none' to skip it")
+    b.add_argument("--draft", default=None, metavar="PATH",
+                   help="a DFlash drafter for --ar-model (e.g. default-dflash): adds its speculative decoding "
+                        "(DFlash rows) beside the AR twin's")
     b.add_argument("--block-model", default=None,
                    help="also measure a block-diffusion model (e.g. default-block) on the same examples")
     b.add_argument("--block-policies", default=None, help="its policy:knob list (default: --policies)")
