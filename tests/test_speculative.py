@@ -233,3 +233,40 @@ def test_server_streams_speculative_rows(embedded_ar):
         assert "unmask_spec_decode_num_drafts_total" in metrics and "unmask_spec_decode_mean_accepted_length" in metrics
     finally:
         server.stop()
+
+
+def test_bench_reports_dflash_beside_the_ar_twin(tmp_path, embedded_ar):
+    """`unmask bench --draft`: a DFlash row per batch, with the AR twin's accuracy (lossless) and
+    the target's forwards per request at most the AR twin's."""
+    from unmask.train.data import build_tokenizer
+    from unmask.train.dflash import DraftTrainee, save
+
+    save(DraftTrainee(_random_drafter(embedded_ar.model, block=4), embedded_ar.model), build_tokenizer(),
+         tmp_path / "d", {}, embedded_ar.arch.vocab_size)
+    out = subprocess.run([sys.executable, "-m", "unmask", "bench", "--policies", "fixed:1", "--caches", "none",
+                          "--blocks", "24", "--batches", "1,2", "--n", "3", "--tasks", "copy,sort", "--draft",
+                          str(tmp_path / "d"), "--out", str(tmp_path / "b"), "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(next((tmp_path / "b").glob("bench-*.json")).read_text())
+    rows = {r["label"]: r for r in run["results"]}
+    for b in (1, 2):
+        ar, df = rows[f"AR twin b{b}"], rows[f"DFlash b{b}"]
+        assert df["accuracy"] == ar["accuracy"] and df["nfe_per_request"] <= ar["nfe_per_request"]
+    assert run["draft_model"] == str(tmp_path / "d")
+    assert any(h["role"] == "DFlash" for h in run["headline"])
+
+
+def test_roofline_prices_speculative_decoding():
+    from unmask.bench import roofline as rl
+
+    arch = rl.dense_shape("qwen3-8b")
+    target = rl.build("h200", arch, None, None, True)
+    draft = rl.Roofline(target.hw, rl.draft_cost(arch, 5, 5, 2.0))
+    t = rl.speculative_table(target, draft, 512, 16, (1.0, 4.0), (1, 64))
+    one, four = [r for r in t["rows"] if r["batch"] == 1]
+    assert one["speedup"] < 1 < four["speedup"] and four["speedup"] == pytest.approx(4 * one["speedup"])
+    assert max(r["speedup"] for r in t["rows"] if r["batch"] == 64) < four["speedup"]  # compute-bound verifies
+    bad = subprocess.run([sys.executable, "-m", "unmask", "roofline", "--draft-layers", "5"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode != 0 and "--draft-layers 5 needs --model" in bad.stderr

@@ -263,11 +263,58 @@ def renoise_shape(name: str):
 
 def dense_shape(name: str):
     """LLaDA-8B (GSAI-ML/LLaDA-8B-Instruct config.json): 32 layers of 4096, 32 heads (no GQA), MLP
-    12288, vocabulary 126464, untied head."""
+    12288, vocabulary 126464, untied head. Qwen3-8B (Qwen/Qwen3-8B config.json, the target of
+    z-lab's Qwen3-8B-DFlash-b16): causal, 36 layers of 4096, 32 heads, 8 key/value heads of 128,
+    MLP 12288, vocabulary 151936, untied head."""
     from unmask.models.base import ArchConfig
 
+    if name == "qwen3-8b":
+        return ArchConfig("qwen3", 151936, 4096, 36, 32, 8, 12288, 1000000.0, 1e-6, 40960, causal=True,
+                          head_size=128, qk_norm=True)
     assert name == "llada-8b"
     return ArchConfig("llada", 126464, 4096, 32, 32, 32, 12288, 500000.0, 1e-5, 4096)
+
+
+def draft_cost(arch, layers: int, context_layers: int, bytes_per_param: float) -> ModelCost:
+    """A DFlash drafter for target `arch`: `layers` decoder layers of the target's width and heads,
+    the `fc` projection of `context_layers` target layers, and the target's head (its logits for
+    the block's drafted positions; the embedding is a lookup). Per position: 2 x those parameters."""
+    d, hd = arch.hidden_size, arch.head_dim
+    layer = d * (arch.num_heads + 2 * arch.num_kv_heads) * hd + arch.num_heads * hd * d + 3 * d * arch.intermediate_size
+    params = layers * layer + context_layers * d * d + arch.vocab_size * d
+    return ModelCost(params * bytes_per_param, 2 * params)
+
+
+def speculative_table(target: Roofline, draft: Roofline, prompt: int, block: int, taus=(2.0, 4.0, 6.0),
+                      batches=(1, 8, 64)) -> dict:
+    """DFlash decoding against the target alone, per request in the decode phase (context = prompt):
+    a round is one drafter forward over the block (and the <= block new context positions it
+    projects: counted as block more positions) plus one target forward over the block, and yields
+    tau tokens; the target alone takes one forward per token. Rows share each forward's weight
+    read (b rows: b x block positions per forward)."""
+    rows = []
+    for b in batches:
+        ar = target.step(b, prompt, b)
+        for tau in taus:
+            d = draft.step(2 * block * b)
+            v = target.step(block * b, prompt, b)
+            rows.append({"batch": b, "tau": tau, "ar_ms_per_token": 1e3 * ar, "draft_ms": 1e3 * d, "verify_ms": 1e3 * v,
+                         "ar_tokens_per_s": b / ar, "dflash_tokens_per_s": tau * b / (d + v),
+                         "speedup": tau * ar / (d + v)})
+    return {"block": block, "prompt": prompt, "draft_weight_gb": draft.model.weight_bytes / 1e9,
+            "target_weight_gb": target.model.weight_bytes / 1e9, "rows": rows}
+
+
+def format_speculative(t: dict, hw: Hardware) -> str:
+    lines = [f"DFlash on {hw.name}: target {t['target_weight_gb']:.1f} GB, drafter {t['draft_weight_gb']:.2f} GB "
+             f"(its layers, fc and the target's head), block {t['block']}, context {t['prompt']}",
+             f"  {'batch':>5} {'tau':>5} {'AR ms/tok':>9} {'draft ms':>8} {'verify ms':>9} {'AR tok/s':>9} "
+             f"{'DFlash tok/s':>12} {'speedup':>7}"]
+    for r in t["rows"]:
+        lines.append(f"  {r['batch']:5d} {r['tau']:5.1f} {r['ar_ms_per_token']:9.3f} {r['draft_ms']:8.3f} "
+                     f"{r['verify_ms']:9.3f} {r['ar_tokens_per_s']:9.0f} {r['dflash_tokens_per_s']:12.0f} "
+                     f"{r['speedup']:7.2f}")
+    return "\n".join(lines)
 
 
 # interconnect per GPU, one direction (NVLink 4 on H100 / H200: 900 GB/s both ways; NVLink 3 on
@@ -328,7 +375,7 @@ def format_tp(t: dict, hw: Hardware) -> str:
     return "\n".join(lines)
 
 
-DENSE_SHAPES = ("llada-8b",)
+DENSE_SHAPES = ("llada-8b", "qwen3-8b")
 MOE_SHAPES = ("llada2-mini", "llada2-flash")
 RENOISE_SHAPES = ("diffusiongemma-26b-a4b",)
 

@@ -143,7 +143,7 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         raise UnmaskError(f"--params {a.params:g} must be a finite number > 0")
     defaults = {k: ROOFLINE_DEFAULTS[k] for k in ("prompt", "gen", "tau", "block", "batches")}
     custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param, a.tensor_parallel))
-              or a.json or a.attention or any(getattr(a, k) != v for k, v in defaults.items()))
+              or a.json or a.attention or a.draft_layers is not None or any(getattr(a, k) != v for k, v in defaults.items()))
     if not custom:  # no flag at all: seed 000's worked example
         print(rl.seed_example())
         return 0
@@ -165,6 +165,18 @@ def cmd_roofline(a: argparse.Namespace) -> int:
             cfg = read_json(resolve_model_path(a.model) / "config.json")
             arch = resolve_family(cfg).arch(cfg)
     model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention)
+    if a.draft_layers is not None:  # DFlash speculative decoding of this (autoregressive) target
+        if arch is None or a.draft_layers < 1:
+            raise UnmaskError(f"--draft-layers {a.draft_layers} needs --model (the target's shape) and a positive "
+                              "number of drafter layers")
+        from dataclasses import replace as _replace
+
+        bpp = a.bytes_per_param or 2.0
+        draft = _replace(model, model=rl.draft_cost(arch, a.draft_layers, a.draft_layers, bpp))
+        taus = sorted({a.tau, 2.0, 4.0, 6.0}) if a.tau != ROOFLINE_DEFAULTS["tau"] else (2.0, 4.0, 6.0)
+        table = rl.speculative_table(model, draft, a.prompt, a.block, taus, batches)
+        print(json.dumps(table) if a.json else rl.format_speculative(table, model.hw))
+        return 0
     if a.tensor_parallel is not None:  # the step times of N ranks of one node
         worlds = parse_ints("tensor-parallel", a.tensor_parallel)
         if arch is None:
@@ -247,6 +259,9 @@ def add_parsers(sub) -> dict:
     r.add_argument("--block", type=int, default=d["block"], help="positions recomputed per cached step (G)")
     r.add_argument("--batches", default=d["batches"])
     r.add_argument("--plot", default=None, help="write a throughput-vs-batch PNG here")
+    r.add_argument("--draft-layers", type=int, default=None, metavar="N",
+                   help="DFlash: a drafter of N layers for the autoregressive --model (qwen3-8b's released drafter "
+                        "has 5; --block is its block size, --tau its acceptance length)")
     r.add_argument("--tensor-parallel", default=None, metavar="N,...",
                    help="step times on N GPUs of one node (e.g. 1,2,4,8), with the all-reduces they add")
     r.add_argument("--json", action="store_true")
