@@ -4,6 +4,7 @@
     python scripts/ship_default.py --block [--n 200]  # default-block, from runs/block
     python scripts/ship_default.py --edit [--n 200]   # default-edit, from runs/edit
     python scripts/ship_default.py --renoise [--n 200]  # default-renoise, from runs/renoise
+    python scripts/ship_default.py --dflash [--n 200]   # default-dflash (the AR twin's drafter), from runs/dflash
 
 Writes src/unmask/assets/{default,default-ar,default-block}/ (config, weights, tokenizer,
 generation defaults, training.json) and eval.json beside each: exact match and token accuracy per
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 
 from unmask import LLM, GenerationParams
-from unmask.evaluate import evaluate
+from unmask.evaluate import evaluate, run_task
+from unmask.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "src" / "unmask" / "assets"
@@ -72,6 +74,34 @@ def ship(run: Path, name: str, n: int) -> None:
     print(name, json.dumps({r.task: round(100 * r.exact, 1) for r in results}))
 
 
+def ship_dflash(run: Path, n: int) -> None:
+    """The AR twin's DFlash drafter: its released-layout folder, and eval.json: per task on the
+    first n held-out examples, the AR twin's exact match alone and with the drafter, how many
+    outputs are identical (all: lossless), and tau (tokens per verify forward after the prefill)."""
+    dst = ASSETS / "default-dflash"
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors", "training.json"):
+        shutil.copy(run / "model" / f, dst / f)
+    ar, spec = LLM("default-ar"), LLM("default-ar", draft=dst)
+    params = ar.default_params(gen_length=24)
+    rows = []
+    t0 = time.time()
+    for task in TASKS:
+        a, d = run_task(ar, task, n, params, 100), run_task(spec, task, n, params, 100)
+        ids = [[r.token_ids for o in run.outputs for r in o.results] for run in (a, d)]
+        res = [r for o in d.outputs for r in o.results]
+        verifies = sum(r.nfe - 1 for r in res)
+        rows.append({"task": task, "n": n, "exact_ar": sum(a.flags) / n, "exact_dflash": sum(d.flags) / n,
+                     "identical": sum(x == y for x, y in zip(*ids)), "nfe_ar": a.row_forwards / n,
+                     "nfe_dflash": d.row_forwards / n,
+                     "tau": sum(r.num_tokens - 1 for r in res if r.nfe > 1) / max(verifies, 1)})
+    (dst / "eval.json").write_text(json.dumps({"n": n, "params": params.__dict__, "seconds": round(time.time() - t0, 1),
+                                               "results": rows}, indent=2))
+    print("default-dflash", json.dumps({r["task"]: round(r["tau"], 2) for r in rows}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
@@ -80,7 +110,11 @@ def main() -> None:
     ap.add_argument("--block", action="store_true", help="ship the block-diffusion model (runs/block) only")
     ap.add_argument("--edit", action="store_true", help="ship the editing block-diffusion model (runs/edit) only")
     ap.add_argument("--renoise", action="store_true", help="ship the renoising model (runs/renoise) only")
+    ap.add_argument("--dflash", action="store_true", help="ship the AR twin's DFlash drafter (runs/dflash) only")
     a = ap.parse_args()
+    if a.dflash:
+        ship_dflash(Path(a.runs) / "dflash", a.n)
+        return
     if a.renoise:
         ship(Path(a.runs) / "renoise", "default-renoise", a.n)
         return

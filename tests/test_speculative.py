@@ -270,3 +270,22 @@ def test_roofline_prices_speculative_decoding():
     bad = subprocess.run([sys.executable, "-m", "unmask", "roofline", "--draft-layers", "5"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "--draft-layers 5 needs --model" in bad.stderr
+
+
+def test_llm_loads_a_qwen3_target_with_a_released_layout_drafter(qwen3):
+    """The published pairing through the front end: a transformers-saved Qwen3ForCausalLM folder
+    (no mask token of its own) with a drafter in z-lab's layout (its dflash_config names the mask
+    id): LLM(target, draft=drafter) decodes what the one-request loop decodes."""
+    from tokenizers import Tokenizer, models
+
+    _, _, _, d = qwen3
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w1"))
+    tok.save(str(d / "t" / "tokenizer.json"))
+    (d / "t" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "w62", "pad_token": "w1"}))
+    llm = LLM(d / "t", draft=d / "d")
+    assert llm.token_ids.mask == 63 and llm.token_ids.eos == 62  # the head never says 62: outputs run to length
+    prompts = [[3, 9, 14, 2, 7], [60, 1, 33, 12, 40, 8, 8]]
+    out = llm.generate(prompts, {"gen_length": 30})
+    for p, r in zip(prompts, out.results):
+        ref = speculate(llm.model, llm.drafter, p, 30, llm.token_ids.stop)
+        assert r.raw_ids == ref.tokens and len(r.raw_ids) == 30 and r.draft_forwards >= 1
