@@ -37,15 +37,17 @@ class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
     def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu",
-                 tensor_parallel: int = 1, draft: str | Path | None = None) -> None:
+                 tensor_parallel: int = 1, draft: str | Path | None = None, quantize: str | None = None) -> None:
         """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
         its autoregressive twin, "default-block" for its block-diffusion sibling.
         `tensor_parallel` N > 1 splits the model over N processes on torch.distributed (gloo on
         CPU, NCCL on GPUs: unmask.parallel); this process is rank 0. `close()` ends them.
         `draft`: a DFlash drafter folder (z-lab's released layout, or "default-dflash", the embedded
         drafter of "default-ar") for this autoregressive model: requests are decoded by
-        speculative decoding (unmask.engine.speculative), with the target's own output."""
+        speculative decoding (unmask.engine.speculative), with the target's own output.
+        `quantize`: "int8" stores the linear layers' weights in int8 (CPU; unmask.layers.quant)."""
         self.path = resolve_model_path(model)
+        self.quantize = quantize
         self.drafter, self.draft_path = None, None
         if draft is not None:
             self.draft_path = resolve_model_path(draft)
@@ -58,7 +60,7 @@ class LLM:
         self.ranks = None
         if check_world(tensor_parallel) > 1:
             check_split(self.path, tensor_parallel)  # before any process starts
-            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device))
+            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device, quantize))
             error = None
             try:
                 self._load(dtype, rank_device(device, 0), self.ranks.tp)
@@ -78,15 +80,16 @@ class LLM:
         check_pair(self.drafter.config, self.arch, str(self.draft_path))
 
     @classmethod
-    def _shard(cls, tp, path: str, dtype: str | None, device) -> "LLM":
+    def _shard(cls, tp, path: str, dtype: str | None, device, quantize: str | None = None) -> "LLM":
         """Rank tp.rank's LLM (a worker of unmask.parallel)."""
         llm = cls.__new__(cls)
         llm.path, llm.ranks, llm.drafter, llm.draft_path = Path(path), None, None, None
+        llm.quantize = quantize
         llm._load(dtype, rank_device(device, tp.rank), tp)
         return llm
 
     def _load(self, dtype: str | None, device, tp) -> None:
-        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp)
+        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp, quantize=self.quantize)
         gen_path = self.path / "generation_config.json"
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
         if not isinstance(self.generation_config, dict):
@@ -110,7 +113,7 @@ class LLM:
         """An LLM over an in-memory model (training-time evaluation), with a DFlash drafter if given."""
         llm = cls.__new__(cls)
         llm.path, llm.config, llm.generation_config, llm.ranks = None, {}, {}, None
-        llm.drafter, llm.draft_path = drafter, None
+        llm.drafter, llm.draft_path, llm.quantize = drafter, None, None
         llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
         return llm
 

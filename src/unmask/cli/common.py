@@ -35,6 +35,8 @@ def add_model_args(p: argparse.ArgumentParser, json_help: str = "print one JSON 
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantize", default=None, choices=("int8",),
+                   help="int8: the linear layers' weights in int8, per output channel (CPU; PyTorch's FBGEMM kernels)")
     p.add_argument("--draft", default=None, metavar="PATH",
                    help="a DFlash drafter folder (z-lab's layout; 'default-dflash' drafts for 'default-ar'): "
                         "speculative decoding of this autoregressive model, with its own output (docs/speculative.md)")
@@ -129,7 +131,8 @@ def load_llm(a: argparse.Namespace):
     from unmask.llm import LLM, default_device
 
     return LLM(a.model, dtype=a.dtype, device=a.device or default_device(),
-               tensor_parallel=getattr(a, "tensor_parallel", 1), draft=getattr(a, "draft", None))
+               tensor_parallel=getattr(a, "tensor_parallel", 1), draft=getattr(a, "draft", None),
+               quantize=getattr(a, "quantize", None))
 
 
 def add_data_parallel_args(p: argparse.ArgumentParser) -> None:

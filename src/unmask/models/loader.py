@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from unmask.errors import CheckpointError, UnmaskWarning
+from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
 from unmask.models.parallel import ZERO, check_divisible, read_slice, shard_model
@@ -85,9 +85,10 @@ def weight_files(folder: Path) -> dict[str, Path]:
 
 
 def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu",
-               tp=None) -> tuple[DiffusionLM, dict]:
+               tp=None, quantize: str | None = None) -> tuple[DiffusionLM, dict]:
     """Load the model in `path`; returns (model in eval mode, raw config.json dict). With `tp`
-    (unmask.layers.parallel.TensorParallel) this rank's shard: only its slices are read."""
+    (unmask.layers.parallel.TensorParallel) this rank's shard: only its slices are read. With
+    `quantize` ("int8", CPU, float32): its linear layers in int8 (unmask.layers.quant)."""
     folder = Path(path)
     if not folder.is_dir():
         inside = file_inside_file(folder)
@@ -118,7 +119,28 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         raise CheckpointError(f"{folder}: config.json describes tensors that cannot be built (hidden size "
                               f"{arch.hidden_size}, {arch.num_heads} heads, intermediate size {arch.intermediate_size}, "
                               f"vocabulary {arch.vocab_size}): {e}") from None
-    return _fill(model, folder, files, device, torch_dtype, tp), cfg
+    if quantize is not None:
+        check_quantize(quantize, device, torch_dtype)
+    model = _fill(model, folder, files, device, torch_dtype, tp)
+    if quantize is not None:
+        from unmask.layers.quant import quantize_model
+
+        quantize_model(model, quantize, model.parts()[3] if hasattr(model, "parts") else None)  # a tied head: none
+    return model, cfg
+
+
+def check_quantize(quantize, device, dtype) -> None:
+    """Whether `quantize` runs here, or an UnmaskError naming why."""
+    from unmask.layers.quant import QUANTIZE
+
+    if quantize not in QUANTIZE:
+        raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose {', '.join(QUANTIZE)}", param="quantize")
+    if torch.device(device).type != "cpu":
+        raise UnmaskError(f"quantize {quantize}: int8 layers run on CPU (PyTorch's FBGEMM kernels); on {device} "
+                          "they are not built yet", param="quantize")
+    if dtype != torch.float32:
+        raise UnmaskError(f"quantize {quantize}: the int8 kernels take float32 activations; dtype "
+                          f"{str(dtype).replace('torch.', '')} does not combine with it", param="quantize")
 
 
 def _fill(model, folder: Path, files: dict, device, dtype, tp=None):
