@@ -289,3 +289,22 @@ def test_llm_loads_a_qwen3_target_with_a_released_layout_drafter(qwen3):
     for p, r in zip(prompts, out.results):
         ref = speculate(llm.model, llm.drafter, p, 30, llm.token_ids.stop)
         assert r.raw_ids == ref.tokens and len(r.raw_ids) == 30 and r.draft_forwards >= 1
+
+
+def test_the_shipped_drafter_reproduces_its_record(embedded_ar):
+    """default-dflash on the first 200 held-out examples of two tasks: the AR twin's outputs,
+    all identical, and the tau its eval.json records (scripts/ship_default.py --dflash)."""
+    from unmask.evaluate import run_task
+    from unmask.loading import EMBEDDED
+
+    record = {r["task"]: r for r in json.loads((EMBEDDED["default-dflash"] / "eval.json").read_text())["results"]}
+    spec = LLM.from_parts(embedded_ar.model, embedded_ar.tokenizer, embedded_ar.token_ids,
+                          drafter=load_drafter(EMBEDDED["default-dflash"])[0])
+    params = embedded_ar.default_params(gen_length=24)
+    for task in ("json", "arith"):
+        a, d = run_task(embedded_ar, task, 200, params, 100), run_task(spec, task, 200, params, 100)
+        res = [r for o in d.outputs for r in o.results]
+        assert [r.token_ids for o in a.outputs for r in o.results] == [r.token_ids for r in res]
+        tau = sum(r.num_tokens - 1 for r in res if r.nfe > 1) / sum(r.nfe - 1 for r in res)
+        assert record[task]["identical"] == 200 and tau == pytest.approx(record[task]["tau"], rel=1e-9)
+        assert tau > 3  # the drafter is trained: blocks are accepted
