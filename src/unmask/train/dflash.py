@@ -22,16 +22,15 @@ Layout written: the release's (`DFlashDraftModel`, model_type qwen3, `dflash_con
 unmask.models.loader.load_drafter reads and z-lab's own class loads.
 """
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from unmask.models.dflash import DFlashDrafter, DraftConfig
-from unmask.train.data import Batch, group_batches, save_tokenizer_files
+from unmask.train.data import Batch, group_batches
+from unmask.train.trainer import write_checkpoint
 
 
 def draft_config(cfg, target, mask_id: int) -> DraftConfig:
@@ -141,19 +140,7 @@ def dflash_loss(model: DraftTrainee, b: Batch, count: int, gamma: float, gen: to
 def save(model: DraftTrainee, tok, folder: Path, meta: dict, vocab_size: int) -> None:
     """The drafter in the released layout (plus the target's tokenizer files and training.json),
     written atomically."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().float() for k, v in model.drafter.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config_json(model.drafter.config, vocab_size), indent=2))
-    (tmp / "training.json").write_text(json.dumps(meta, indent=2))
-    save_tokenizer_files(tok, tmp)
-    if folder.exists():
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-    tmp.rename(folder)
+    write_checkpoint(folder, model.drafter, config_json(model.drafter.config, vocab_size), None, meta, tok)
 
 
 @torch.inference_mode()
