@@ -21,7 +21,7 @@ from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
-from unmask.models.loader import check_split, load_model, read_json
+from unmask.models.loader import check_linear_kernel, check_split, load_model, read_json
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
@@ -37,7 +37,8 @@ class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
     def __init__(self, model: str | Path | None = None, dtype: str | None = None, device: str = "cpu",
-                 tensor_parallel: int = 1, draft: str | Path | None = None, quantize: str | None = None) -> None:
+                 tensor_parallel: int = 1, draft: str | Path | None = None, quantize: str | None = None,
+                 linear_kernel: str | None = None) -> None:
         """`model`: a checkpoint folder, "default" / None for the embedded model, "default-ar" for
         its autoregressive twin, "default-block" for its block-diffusion sibling.
         `tensor_parallel` N > 1 splits the model over N processes on torch.distributed (gloo on
@@ -45,9 +46,13 @@ class LLM:
         `draft`: a DFlash drafter folder (z-lab's released layout, or "default-dflash", the embedded
         drafter of "default-ar") for this autoregressive model: requests are decoded by
         speculative decoding (unmask.engine.speculative), with the target's own output.
-        `quantize`: "int8" stores the linear layers' weights in int8 (CPU; unmask.layers.quant)."""
+        `quantize`: "int8" stores the linear layers' weights in int8 (CPU; unmask.layers.quant).
+        `linear_kernel`: float32 linear layers on CPU through "auto" (the faster kernel per shape,
+        measured once per machine), "default" (PyTorch's) or "onednn" (unmask.layers.dispatch);
+        None: env UNMASK_LINEAR_KERNEL, else "auto"."""
         self.path = resolve_model_path(model)
         self.quantize = quantize
+        self.linear_kernel = check_linear_kernel(linear_kernel)
         self.drafter, self.draft_path = None, None
         if draft is not None:
             self.draft_path = resolve_model_path(draft)
@@ -60,7 +65,8 @@ class LLM:
         self.ranks = None
         if check_world(tensor_parallel) > 1:
             check_split(self.path, tensor_parallel)  # before any process starts
-            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device, quantize))
+            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device, quantize,
+                                                                 self.linear_kernel))
             error = None
             try:
                 self._load(dtype, rank_device(device, 0), self.ranks.tp)
@@ -76,20 +82,23 @@ class LLM:
         from unmask.models.dflash import check_pair
         from unmask.models.loader import load_drafter
 
-        self.drafter, _ = load_drafter(self.draft_path, dtype=dtype, device=device)
+        self.drafter, _ = load_drafter(self.draft_path, dtype=dtype, device=device,
+                                       linear_kernel=getattr(self, "linear_kernel", None))
         check_pair(self.drafter.config, self.arch, str(self.draft_path))
 
     @classmethod
-    def _shard(cls, tp, path: str, dtype: str | None, device, quantize: str | None = None) -> "LLM":
+    def _shard(cls, tp, path: str, dtype: str | None, device, quantize: str | None = None,
+               linear_kernel: str = "auto") -> "LLM":
         """Rank tp.rank's LLM (a worker of unmask.parallel)."""
         llm = cls.__new__(cls)
         llm.path, llm.ranks, llm.drafter, llm.draft_path = Path(path), None, None, None
-        llm.quantize = quantize
+        llm.quantize, llm.linear_kernel = quantize, linear_kernel
         llm._load(dtype, rank_device(device, tp.rank), tp)
         return llm
 
     def _load(self, dtype: str | None, device, tp) -> None:
-        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp, quantize=self.quantize)
+        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp, quantize=self.quantize,
+                                              linear_kernel=self.linear_kernel)
         gen_path = self.path / "generation_config.json"
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
         if not isinstance(self.generation_config, dict):
@@ -113,7 +122,7 @@ class LLM:
         """An LLM over an in-memory model (training-time evaluation), with a DFlash drafter if given."""
         llm = cls.__new__(cls)
         llm.path, llm.config, llm.generation_config, llm.ranks = None, {}, {}, None
-        llm.drafter, llm.draft_path, llm.quantize = drafter, None, None
+        llm.drafter, llm.draft_path, llm.quantize, llm.linear_kernel = drafter, None, None, "default"
         llm.model, llm.tokenizer, llm.token_ids = model, tokenizer, token_ids
         return llm
 

@@ -24,13 +24,14 @@ from unmask.errors import UnmaskError
 class _Decoder:
     """One Ray Data actor: a model, and the batches it is handed."""
 
-    def __init__(self, model: str, dtype: str | None, device: str, threads: int, draft: str | None = None) -> None:
+    def __init__(self, model: str, dtype: str | None, device: str, threads: int, draft: str | None = None,
+                 quantize: str | None = None, linear_kernel: str | None = None) -> None:
         import torch
 
         from unmask.llm import LLM
 
         torch.set_num_threads(threads)
-        self.llm = LLM(model, dtype=dtype, device=device, draft=draft)
+        self.llm = LLM(model, dtype=dtype, device=device, draft=draft, quantize=quantize, linear_kernel=linear_kernel)
 
     def __call__(self, rows: dict, params, chat, unknown_words) -> dict:
         outs = [pickle.dumps(self.llm.generate(pickle.loads(p), params, chat=chat, unknown_words=unknown_words))
@@ -83,7 +84,8 @@ class DataParallelLLM:
             num_cpus=self.actor_cpus, num_gpus=self.actor_gpus,
             fn_constructor_kwargs={"model": str(self.llm.path), "dtype": _dtype_name(self.llm), "device": self.device,
                                    "threads": self.threads,
-                                   "draft": None if self.llm.draft_path is None else str(self.llm.draft_path)},
+                                   "draft": None if self.llm.draft_path is None else str(self.llm.draft_path),
+                                   "quantize": self.llm.quantize, "linear_kernel": self.llm.linear_kernel},
             fn_kwargs={"params": params, "chat": chat, "unknown_words": unknown_words})
         done: dict = {}
         t0 = time.perf_counter()

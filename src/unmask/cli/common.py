@@ -37,6 +37,9 @@ def add_model_args(p: argparse.ArgumentParser, json_help: str = "print one JSON 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, choices=("int8",),
                    help="int8: the linear layers' weights in int8, per output channel (CPU; PyTorch's FBGEMM kernels)")
+    p.add_argument("--linear-kernel", default=None, choices=("auto", "default", "onednn"),
+                   help="float32 linear layers on CPU: auto (the faster of PyTorch's default and oneDNN per shape, "
+                        "measured once per machine; the default), default, onednn (docs/quantization.md)")
     p.add_argument("--draft", default=None, metavar="PATH",
                    help="a DFlash drafter folder (z-lab's layout; 'default-dflash' drafts for 'default-ar'): "
                         "speculative decoding of this autoregressive model, with its own output (docs/speculative.md)")
@@ -132,7 +135,7 @@ def load_llm(a: argparse.Namespace):
 
     return LLM(a.model, dtype=a.dtype, device=a.device or default_device(),
                tensor_parallel=getattr(a, "tensor_parallel", 1), draft=getattr(a, "draft", None),
-               quantize=getattr(a, "quantize", None))
+               quantize=getattr(a, "quantize", None), linear_kernel=getattr(a, "linear_kernel", None))
 
 
 def add_data_parallel_args(p: argparse.ArgumentParser) -> None:

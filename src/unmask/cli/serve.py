@@ -68,7 +68,7 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
                 target_ongoing_requests=a.target_ongoing_requests, replica_cpus=a.replica_cpus,
                 replica_gpus=a.replica_gpus, dtype=a.dtype, device=a.device or default_device(),
                 tensor_parallel=a.tensor_parallel, served_model_name=a.served_model_name, api_key=a.api_key,
-                engine=engine, draft=draft, quantize=a.quantize)
+                engine=engine, draft=draft, quantize=a.quantize, linear_kernel=a.linear_kernel)
     print(f"unmask: serving {a.served_model_name} ({model}) on Ray Serve at http://{a.host}:{a.port} "
           f"({'autoscaled' if a.replicas is None else a.replicas} replicas; Ray at "
           f"{ray.get_runtime_context().gcs_address})", file=sys.stderr)

@@ -26,6 +26,8 @@ import warnings
 import torch
 from torch import nn
 
+from unmask.layers.dispatch import replace, routers
+
 QUANTIZE = ("int8",)
 
 
@@ -43,20 +45,31 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        w = linear.weight.detach().float()
-        if w.device.type != "cpu":
+        return cls.from_weight(linear.weight.detach(), linear.bias, linear)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Module | None = None) -> "Int8Linear":
+        """From a float weight (out, in); `like`: the module replaced (its forward hooks move here)."""
+        if weight.device.type != "cpu":
             raise ValueError("int8 linear layers run on CPU (FBGEMM) only")
-        scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
-        q = torch.round(w / scale[:, None].float()).clamp(-127, 127).to(torch.int8)
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        q, scale = quantize_rows(weight)
+        return cls.from_int8(q, scale, bias, like)
+
+    @classmethod
+    def from_int8(cls, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                  like: nn.Module | None = None) -> "Int8Linear":
+        """From int8 weights (out, in) and their per-output-channel scales (out,)."""
+        scale = scale.double()
+        zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # PyTorch marks its quantized tensor types deprecated (issue 184982)
             warnings.simplefilter("ignore")
             qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
             packed = torch.ops.quantized.linear_prepack(qw, None)
-        rowsum = (q.float() * scale[:, None].float()).sum(1)
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        out = cls(w.shape[1], w.shape[0], packed, rowsum, bias, q.numel() + 4 * scale.numel())
-        out._forward_hooks.update(linear._forward_hooks)  # e.g. a row-parallel all-reduce
+        rowsum = (q.sum(1, dtype=torch.float64) * scale).float()
+        bias = None if bias is None else bias.detach().float()
+        out = cls(q.shape[1], q.shape[0], packed, rowsum, bias, q.numel() + 4 * scale.numel())
+        if like is not None:
+            out._forward_hooks.update(like._forward_hooks)  # e.g. a row-parallel all-reduce
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,20 +87,33 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
 
 
-def _skipped(name: str, module: nn.Module, head: nn.Module | None) -> bool:
-    last = name.rsplit(".", 1)[-1]
-    return module is head or last in ("gate", "lm_head") or name.endswith("router.proj")
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a float weight -> (int8 rows, float64 scale per row): symmetric, scale = max |w| / 127.
+    Row by row, so a loader can quantize a tensor in chunks of rows as it reads them."""
+    w = w.float()
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+    return torch.round(w / scale[:, None].float()).clamp(-127, 127).to(torch.int8), scale
+
+
+def targets(model: nn.Module, head: nn.Module | None = None) -> list[str]:
+    """The names of the linear layers `quantize_model` replaces: all but `head` and the routers."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not head
+            and name.rsplit(".", 1)[-1] != "lm_head" and not routers(name)]
+
+
+def check_method(method: str) -> None:
+    if method not in QUANTIZE:
+        raise ValueError(f"unknown quantization {method!r}; choose {', '.join(QUANTIZE)}")
 
 
 def quantize_model(model: nn.Module, method: str, head: nn.Module | None = None) -> int:
     """Replace every nn.Linear of `model` (but `head` and the routers) by its `method` version, in
-    place, each float weight freed as soon as its int8 copy exists. Returns how many were replaced."""
-    if method not in QUANTIZE:
-        raise ValueError(f"unknown quantization {method!r}; choose {', '.join(QUANTIZE)}")
-    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and not _skipped(name, m, head)]
-    for name, m in targets:
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        setattr(owner, child, Int8Linear.from_linear(m))
+    place, each float weight freed as soon as its int8 copy exists. Returns how many were replaced.
+    (Loading a checkpoint quantizes each weight as it is read instead: unmask.models.loader.)"""
+    check_method(method)
+    names = targets(model, head)
+    for name in names:
+        m = model.get_submodule(name)
+        replace(model, name, Int8Linear.from_linear(m))
         m.weight = None  # the float copy goes now, not at the end
-    return len(targets)
+    return len(names)

@@ -6,6 +6,7 @@ key, or shape mismatch is a CheckpointError that names it.
 """
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import torch
 from safetensors import safe_open
 
 from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning
+from unmask.layers.dispatch import replace
+from unmask.layers.quant import quantize_rows
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
 from unmask.models.parallel import ZERO, check_divisible, read_slice, shard_model
@@ -85,10 +88,12 @@ def weight_files(folder: Path) -> dict[str, Path]:
 
 
 def load_model(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu",
-               tp=None, quantize: str | None = None) -> tuple[DiffusionLM, dict]:
+               tp=None, quantize: str | None = None, linear_kernel: str | None = None) -> tuple[DiffusionLM, dict]:
     """Load the model in `path`; returns (model in eval mode, raw config.json dict). With `tp`
     (unmask.layers.parallel.TensorParallel) this rank's shard: only its slices are read. With
-    `quantize` ("int8", CPU, float32): its linear layers in int8 (unmask.layers.quant)."""
+    `quantize` ("int8", CPU, float32): its linear layers in int8 (unmask.layers.quant), each weight
+    quantized as it is read, so no float copy of the model is ever whole. `linear_kernel` (float32
+    on CPU; default: env UNMASK_LINEAR_KERNEL, else "auto"): unmask.layers.dispatch."""
     folder = Path(path)
     if not folder.is_dir():
         inside = file_inside_file(folder)
@@ -119,14 +124,36 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         raise CheckpointError(f"{folder}: config.json describes tensors that cannot be built (hidden size "
                               f"{arch.hidden_size}, {arch.num_heads} heads, intermediate size {arch.intermediate_size}, "
                               f"vocabulary {arch.vocab_size}): {e}") from None
+    kernel = check_linear_kernel(linear_kernel)
+    lean: list[str] = []
     if quantize is not None:
-        check_quantize(quantize, device, torch_dtype)
-    model = _fill(model, folder, files, device, torch_dtype, tp)
-    if quantize is not None:
-        from unmask.layers.quant import quantize_model
+        from unmask.layers.quant import targets
 
-        quantize_model(model, quantize, model.parts()[3] if hasattr(model, "parts") else None)  # a tied head: none
+        check_quantize(quantize, device, torch_dtype)
+        lean = targets(model, model.parts()[3] if hasattr(model, "parts") else None)  # a tied head: none
+    model = _fill(model, folder, files, device, torch_dtype, tp, lean)
+    use_linear_kernel(model, kernel, device, torch_dtype)
     return model, cfg
+
+
+def check_linear_kernel(kernel: str | None) -> str:
+    """`kernel`, or the environment's UNMASK_LINEAR_KERNEL, or "auto"; an UnmaskError for another name."""
+    from unmask.layers.dispatch import KERNELS
+
+    name = kernel if kernel is not None else os.environ.get("UNMASK_LINEAR_KERNEL") or "auto"
+    if name not in KERNELS:
+        where = "linear_kernel" if kernel is not None else "UNMASK_LINEAR_KERNEL"
+        raise UnmaskError(f"{where} {name!r} is not a linear kernel; choose {', '.join(KERNELS)}", param="linear_kernel")
+    return name
+
+
+def use_linear_kernel(model, kernel: str, device, dtype) -> int:
+    """The float32 CPU linear layers of a loaded `model` on `kernel` (unmask.layers.dispatch)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        return 0
+    from unmask.layers.dispatch import use_kernels
+
+    return use_kernels(model, kernel)
 
 
 def check_quantize(quantize, device, dtype) -> None:
@@ -143,9 +170,10 @@ def check_quantize(quantize, device, dtype) -> None:
                           f"{str(dtype).replace('torch.', '')} does not combine with it", param="quantize")
 
 
-def _fill(model, folder: Path, files: dict, device, dtype, tp=None):
+def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = ()):
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
-    present, none unexpected, shapes checked; with `tp` only this rank's slices are read."""
+    present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
+    layers named in `int8` are quantized weight by weight as they are read (unmask.layers.quant)."""
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected))
@@ -162,14 +190,39 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None):
     by_file: dict[Path, list[str]] = {}
     for k, f in files.items():
         by_file.setdefault(f, []).append(k)
+    quantized: dict = {}
+    convert = None
+    if int8:
+        from unmask.layers.quant import Int8Linear
+
+        names = {f"{n}.weight": n for n in int8}
+
+        def convert(k, t) -> bool:
+            """Whether weight `k` is quantized; t: None (asking), a float slice, or (int8 rows, scales)."""
+            if k not in names:
+                return False
+            if t is not None:
+                quantized[names[k]] = (Int8Linear.from_int8(*t, None) if isinstance(t, tuple)
+                                       else Int8Linear.from_weight(t, None))
+            return True
+
     for f, keys in by_file.items():
         _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
-                                                                              dtype, specs))
-    model.load_state_dict(state, strict=True, assign=True)
+                                                                              dtype, specs, convert))
+    for name, q in quantized.items():
+        like = model.get_submodule(name)
+        bias = state.pop(f"{name}.bias", None)
+        q.bias = None if bias is None else bias.float()
+        q._forward_hooks.update(like._forward_hooks)  # e.g. a row-parallel all-reduce
+        replace(model, name, q)
+    result = model.load_state_dict(state, strict=not quantized, assign=True)
+    if result.missing_keys or result.unexpected_keys:  # the names were checked above: a bug, said plainly
+        raise CheckpointError(f"{folder}: weights left unplaced {_few(result.missing_keys + result.unexpected_keys)}")
     return model.eval()
 
 
-def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu"):
+def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch.device = "cpu",
+                 linear_kernel: str | None = None):
     """A DFlash drafter folder (unmask.models.dflash, the released layout) -> (DFlashDrafter in eval
     mode, raw config.json), strictly: every weight present, none unexpected, shapes checked."""
     from unmask.models.dflash import DFlashDrafter, dflash_config
@@ -184,7 +237,9 @@ def load_drafter(path: str | Path, dtype: str | None = None, device: str | torch
     files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
     with torch.device("meta"):
         model = DFlashDrafter(c)
-    return _fill(model, folder, files, device, torch_dtype), cfg
+    model = _fill(model, folder, files, device, torch_dtype)
+    use_linear_kernel(model, check_linear_kernel(linear_kernel), device, torch_dtype)
+    return model, cfg
 
 
 def check_split(path: str | Path, world: int) -> None:
@@ -196,23 +251,87 @@ def check_split(path: str | Path, world: int) -> None:
     check_divisible(resolve_family(cfg).arch(cfg), world)
 
 
-def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict) -> None:
+_FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+CHUNK_BYTES = 32 << 20  # rows are read, checked and converted this many source bytes at a time
+
+
+def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict,
+                convert=None) -> None:
+    """Read `keys` of shard `f` into `state` (or, for the weights `convert` takes, into it): whole
+    tensors in chunks of rows by plain reads, each chunk converted into the final tensor, so a load
+    never holds a tensor twice nor maps a shard's pages into memory; this rank's slices (`specs`)
+    through safetensors."""
     with safe_open(f, framework="pt", device="cpu") as sf:
         present = set(sf.keys())
-        for k in keys:
-            if k not in present:
-                raise CheckpointError(f"{f} does not contain weight {k!r} that the index lists")
-            sl = sf.get_slice(k)
-            shape = tuple(sl.get_shape())
-            if shape != tuple(expected[k]):
-                raise CheckpointError(f"{f}: weight {k!r} has shape {shape}, expected {tuple(expected[k])}")
-            spec = specs.get(k)
-            t = sf.get_tensor(k) if spec is None else torch.zeros(shape) if spec is ZERO else read_slice(sl, spec)
-            if not (t.is_floating_point() or t.is_complex()):
-                raise CheckpointError(f"{f}: weight {k!r} has dtype {t.dtype}, not a floating-point type")
-            if not bool(torch.isfinite(t).all()):
-                raise CheckpointError(f"{f}: weight {k!r} holds NaN or infinite values (a damaged file?)")
-            state[k] = t.to(device=device, dtype=dtype)
+        base, header = _header(f)
+        with open(f, "rb") as fh:
+            for k in keys:
+                if k not in present:
+                    raise CheckpointError(f"{f} does not contain weight {k!r} that the index lists")
+                sl = sf.get_slice(k)
+                shape = tuple(sl.get_shape())
+                if shape != tuple(expected[k]):
+                    raise CheckpointError(f"{f}: weight {k!r} has shape {shape}, expected {tuple(expected[k])}")
+                kind = header[k]["dtype"]
+                if kind not in _FLOATS:
+                    raise CheckpointError(f"{f}: weight {k!r} has dtype {kind}, not a floating-point type")
+                spec = specs.get(k)
+                if spec is not None:
+                    t = torch.zeros(shape) if spec is ZERO else read_slice(sl, spec)
+                    _check_finite(f, k, t)
+                    if convert is None or not convert(k, t):
+                        state[k] = t.to(device=device, dtype=dtype)
+                    continue
+                begin, end = header[k]["data_offsets"]
+                if convert is not None and convert(k, None):  # int8: quantized row chunk by row chunk
+                    q = torch.empty(shape, dtype=torch.int8)
+                    scale = torch.empty(shape[0], dtype=torch.float64)
+
+                    def into(i, rows, q=q, scale=scale):
+                        q[i : i + len(rows)], scale[i : i + len(rows)] = quantize_rows(rows)
+
+                    _read_rows(fh, f, k, base + begin, end - begin, shape, _FLOATS[kind], into)
+                    convert(k, (q, scale))
+                    continue
+                out = torch.empty(shape, dtype=dtype)
+                flat = out.view(shape[0] if shape else 1, -1)
+
+                def into(i, rows, flat=flat):
+                    flat[i : i + len(rows)] = rows
+
+                _read_rows(fh, f, k, base + begin, end - begin, shape, _FLOATS[kind], into)
+                state[k] = out.to(device)
+
+
+def _header(f: Path) -> tuple[int, dict]:
+    """(where the data starts, the header) of a safetensors file (safe_open has checked it)."""
+    with open(f, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        return 8 + n, json.loads(fh.read(n))
+
+
+def _read_rows(fh, f: Path, k: str, start: int, nbytes: int, shape: tuple, kind: torch.dtype, into) -> None:
+    """Read a tensor's bytes in chunks of whole rows; into(first row, rows) for each, each checked finite."""
+    rows = shape[0] if shape else 1
+    per_row = (nbytes // rows) if rows else 0
+    if rows * per_row != nbytes or per_row % kind.itemsize:
+        raise CheckpointError(f"{f}: weight {k!r} holds {nbytes} bytes, not a {kind} tensor of shape {shape}")
+    step = max(1, CHUNK_BYTES // max(per_row, 1))
+    buf = torch.empty(min(step, rows) * per_row, dtype=torch.uint8)
+    fh.seek(start)
+    for i in range(0, rows, step):
+        n = min(step, rows - i)
+        chunk = buf[: n * per_row]
+        if fh.readinto(chunk.numpy()) != n * per_row:
+            raise CheckpointError(f"{f} is truncated: weight {k!r} ends past the end of the file")
+        part = chunk.view(kind).view(n, -1)
+        _check_finite(f, k, part)
+        into(i, part)
+
+
+def _check_finite(f: Path, k: str, t: torch.Tensor) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"{f}: weight {k!r} holds NaN or infinite values (a damaged file?)")
 
 
 def _few(keys: list[str], n: int = 5) -> str:

@@ -46,7 +46,8 @@ class EngineReplica:
 
     def __init__(self, model: str | None, dtype: str | None = None, device: str = "cpu", tensor_parallel: int = 1,
                  served_model_name: str = "unmask", api_key: str | None = None, engine: dict | None = None,
-                 threads: int | None = None, draft: str | None = None, quantize: str | None = None) -> None:
+                 threads: int | None = None, draft: str | None = None, quantize: str | None = None,
+                 linear_kernel: str | None = None) -> None:
         import torch
 
         from unmask.engine import EngineConfig
@@ -56,7 +57,7 @@ class EngineReplica:
         if threads:
             torch.set_num_threads(threads)
         self.llm = LLM(model, dtype=dtype, device=device, tensor_parallel=tensor_parallel, draft=draft,
-                       quantize=quantize)
+                       quantize=quantize, linear_kernel=linear_kernel)
         self.app = build_app(self.llm, served_model_name, api_key, EngineConfig(**(engine or {})))
         self._lifespan = None
         self._start = asyncio.Lock()
@@ -192,7 +193,7 @@ def build(model: str | None, replicas: int = 1, min_replicas: int | None = None,
           target_ongoing_requests: float = 8.0, replica_cpus: float = 1.0, replica_gpus: float = 0.0,
           dtype: str | None = None, device: str = "cpu", tensor_parallel: int = 1, served_model_name: str = "unmask",
           api_key: str | None = None, engine: dict | None = None, draft: str | None = None,
-          quantize: str | None = None):
+          quantize: str | None = None, linear_kernel: str | None = None):
     """The Serve application: the ingress over the engine replicas (fixed `replicas`, or autoscaled
     between `min_replicas` and `max_replicas` aiming at `target_ongoing_requests` per replica)."""
     if min_replicas is not None or max_replicas is not None:
@@ -206,7 +207,8 @@ def build(model: str | None, replicas: int = 1, min_replicas: int | None = None,
     actor = {"num_cpus": replica_cpus, "num_gpus": replica_gpus * tensor_parallel}
     threads = max(1, int(replica_cpus // max(tensor_parallel, 1))) if device == "cpu" else None
     replica = EngineReplica.options(ray_actor_options=actor, **scaling).bind(
-        model, dtype, device, tensor_parallel, served_model_name, api_key, engine, threads, draft, quantize)
+        model, dtype, device, tensor_parallel, served_model_name, api_key, engine, threads, draft, quantize,
+        linear_kernel)
     return OpenAIIngress.bind(replica)
 
 

@@ -47,7 +47,7 @@ def _target(cfg: TrainConfig, tok):
     """The drafter's frozen target (an autoregressive model over the task suite's vocabulary)."""
     from unmask.llm import LLM
 
-    llm = LLM(cfg.target)
+    llm = LLM(cfg.target, linear_kernel="default")  # gradients flow through its head into the drafter
     if not llm.arch.causal:
         raise UnmaskError(f"--target {cfg.target}: a drafter's target must be an autoregressive model; "
                           f"this one is a {llm.arch.family} diffusion model")
@@ -122,7 +122,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     if cfg.init_from is not None and not resume:
         init = resolve_model_path(cfg.init_from)  # a run folder, a model folder, or an embedded model's name
         init = init / "model" if (init / "model").exists() else init
-        src, _ = load_drafter(init) if cfg.kind == "dflash" else load_model(init)
+        src, _ = (load_drafter(init, linear_kernel="default") if cfg.kind == "dflash"
+                  else load_model(init, linear_kernel="default"))
         try:
             if cfg.kind == "dflash":
                 model.drafter.load_state_dict(src.state_dict())

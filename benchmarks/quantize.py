@@ -1,0 +1,233 @@
+"""Per-forward time of one denoising step, float32 (PyTorch's default kernel and the per-shape
+choice of unmask.layers.dispatch) against int8 (unmask.layers.quant), and what it means for an 8B
+model on this CPU.
+
+A step here is what the engine runs under DualCache: a forward over G canvas positions per row
+(G = 1 is an autoregressive step, G = 8 / 32 a block-diffusion step) attending to a cached prefix
+of `--prefix` columns, plus the head over those G positions. Timed: the model's forward only
+(no proposal, no commit policy), best of `--repeats` after a warm-up, per batch 1 and 8.
+
+Shapes (random weights; LLaDA architecture):
+  - "25M": the step-time benchmark's (8 layers, d 512, 8 heads, ff 1376, vocab 512);
+  - "8B-layers": LLaDA-8B's hidden sizes (d 4096, 32 heads, ff 12288) and real vocabulary
+    (126464, embedding and head), `--big-layers` of its 32 layers; the 32-layer step is projected
+    as head + 32 x the measured per-layer time (labelled a projection in the JSON).
+`--full` instead builds all 32 layers of the 8B shape directly in int8 (random int8 weights, never
+a float copy: ~11 GB) and decodes a 256-token canvas through the engine (DualCache, blocks of 32,
+a fixed schedule), reporting seconds per step and peak RSS.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/quantize.py            # -> benchmarks/results/quantize_cpu.json
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/quantize.py --full     # -> benchmarks/results/quantize_8b_full_cpu.json
+"""
+
+import argparse
+import gc
+import os
+import resource
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from unmask.bench.runner import context  # noqa: E402
+from unmask.cache.kv import StaticKV  # noqa: E402
+from unmask.files import write_json_atomic  # noqa: E402
+from unmask.layers.dispatch import NEVER, OneDNNLinear, choices, use_kernels  # noqa: E402
+from unmask.layers.quant import Int8Linear, quantize_model, targets  # noqa: E402
+from unmask.models.base import ArchConfig  # noqa: E402
+from unmask.models.llada import LLaDAModel  # noqa: E402
+
+SHAPES = {"25M": dict(layers=8, d=512, heads=8, ff=1376, vocab=512),
+          "8B-layers": dict(layers=2, d=4096, heads=32, ff=12288, vocab=126464)}
+VARIANTS = ("float32-default", "float32-auto", "int8")
+
+
+def arch(layers, d, heads, ff, vocab) -> ArchConfig:
+    return ArchConfig("llada", vocab, d, layers, heads, heads, ff, 500000.0, 1e-5, 8192)
+
+
+@torch.no_grad()
+def build(shape: dict, variant: str, seed: int = 0) -> LLaDAModel:
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = LLaDAModel(arch(**shape))
+    model = model.to_empty(device="cpu")
+    for p in model.parameters():
+        p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    model.eval()
+    if variant == "float32-auto":
+        use_kernels(model, "auto")
+    elif variant == "int8":
+        quantize_model(model, "int8", model.parts()[3])
+        use_kernels(model, "auto")  # the head, float by choice, on the per-shape kernel too
+    gc.collect()
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    n += sum(m.weight_bytes for m in model.modules() if isinstance(m, Int8Linear))
+    return n + sum(m._packed.numel() * 4 for m in model.modules() if isinstance(m, OneDNNLinear))
+
+
+@torch.inference_mode()
+def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float, float]:
+    """(ms per forward of g positions per row over a cached prefix, of which the head)"""
+    c = model.config
+    kv = StaticKV(c.num_layers, prefix + g)
+    ids = torch.randint(0, c.vocab_size, (batch, prefix + g))
+    pos = torch.arange(prefix + g)[None].expand(batch, -1)
+    model(ids[:, :prefix], pos[:, :prefix], kv, 0)  # fill the cache (not timed)
+    x, p = ids[:, prefix:], pos[:, prefix:]
+    head = model.parts()[3]
+    hidden = torch.randn(batch, g, c.hidden_size)
+    best = best_head = float("inf")
+    model(x, p, kv, prefix)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        model(x, p, kv, prefix)
+        best = min(best, time.perf_counter() - t)
+        t = time.perf_counter()
+        head(hidden)
+        best_head = min(best_head, time.perf_counter() - t)
+    return best * 1e3, best_head * 1e3
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def layers_run(a) -> dict:
+    rows = []
+    for name in a.shapes.split(","):
+        shape = SHAPES[name] if name != "8B-layers" else dict(SHAPES[name], layers=a.big_layers)
+        for variant in VARIANTS:
+            model = build(shape, variant)
+            plan = {f"{k[0]}x{k[1]}": v if v < NEVER else None for k, v in choices(model).items()}
+            wb = weight_bytes(model)
+            for batch in (1, 8):
+                for g in (1, 8, 32):
+                    ms, head = step_ms(model, batch, g, a.prefix, a.repeats if name == "25M" else max(2, a.repeats // 2))
+                    row = {"shape": name, "variant": variant, "batch": batch, "positions": g, "ms_per_forward": round(ms, 3),
+                           "ms_head": round(head, 3), "positions_per_s": round(batch * g / ms * 1e3, 1),
+                           "weight_bytes": wb}
+                    if name == "8B-layers":
+                        per_layer = (ms - head) / shape["layers"]
+                        row["projected_32_layer_ms"] = round(head + 32 * per_layer, 1)
+                    rows.append(row)
+                    print(f"{name:9} {variant:16} b{batch} G{g:<3} {ms:9.2f} ms/forward  head {head:8.2f} ms"
+                          + (f"  -> 32 layers {row['projected_32_layer_ms']:8.1f} ms (projection)" if "projected_32_layer_ms"
+                             in row else ""), flush=True)
+            rows[-1]["auto_plan_from_rows"] = plan
+            del model
+            gc.collect()
+    ratios = {}
+    for name in a.shapes.split(","):
+        for batch in (1, 8):
+            for g in (1, 8, 32):
+                t = {r["variant"]: r["ms_per_forward"] for r in rows
+                     if (r["shape"], r["batch"], r["positions"]) == (name, batch, g)}
+                ratios[f"{name} b{batch} G{g}"] = {"int8_vs_default": round(t["float32-default"] / t["int8"], 2),
+                                                   "int8_vs_auto": round(t["float32-auto"] / t["int8"], 2),
+                                                   "auto_vs_default": round(t["float32-default"] / t["float32-auto"], 2)}
+        for v in VARIANTS:
+            t1 = next(r["ms_per_forward"] for r in rows if (r["shape"], r["variant"], r["batch"], r["positions"]) == (name, v, 1, 1))
+            t8 = next(r["ms_per_forward"] for r in rows if (r["shape"], r["variant"], r["batch"], r["positions"]) == (name, v, 1, 8))
+            ratios[f"{name} {v} G8/G1"] = round(t8 / t1, 2)
+    return {"rows": rows, "speedups": ratios, "peak_rss_bytes": peak_rss()}
+
+
+@torch.no_grad()
+def build_int8_8b(layers: int = 32, seed: int = 0) -> LLaDAModel:
+    """All `layers` of LLaDA-8B's shape with random int8 weights made layer by layer (no float copy)."""
+    shape = dict(SHAPES["8B-layers"], layers=layers)
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = LLaDAModel(arch(**shape))
+    names = targets(model, model.parts()[3])
+    for name in names:
+        m = model.get_submodule(name)
+        q = torch.randint(-127, 128, (m.out_features, m.in_features), dtype=torch.int8)
+        scale = torch.full((m.out_features,), 0.02 * 1.7 / 127)  # ~N(0, 0.02) weights' range
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, Int8Linear.from_int8(q, scale, None))
+        del q
+    model = model.to_empty(device="cpu")  # what is left on meta: embedding, head, norms
+    for p in model.parameters():
+        p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    use_kernels(model, "auto")
+    return model.eval()
+
+
+def full_run(a) -> dict:
+    from unmask.engine import Engine, EngineConfig
+    from unmask.models.base import TokenIds
+    from unmask.params import GenerationParams
+
+    t = time.perf_counter()
+    model = build_int8_8b(a.full_layers)
+    built = time.perf_counter() - t
+    rss_model = peak_rss()
+    print(f"built the {a.full_layers}-layer int8 model in {built:.0f} s; weights {weight_bytes(model) / 2**30:.2f} GiB; "
+          f"peak RSS {rss_model / 2**30:.2f} GiB", flush=True)
+    v = model.config.vocab_size
+    tokens = TokenIds(mask=v - 1, eos=v - 2, pad=v - 2, stop=(v - 2,))
+    steps = a.gen // a.per_step
+    params = GenerationParams(gen_length=a.gen, block_length=32, steps=steps, cache="dual", early_stop=False).check()
+    engine = Engine(model, tokens, EngineConfig(max_num_seqs=1, trace_limit=None))
+    prompt = torch.randint(0, v - 3, (a.prefix,), generator=torch.Generator().manual_seed(0)).tolist()
+    engine.add_request(prompt, params)
+    times = []
+    while engine.has_unfinished():
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+        print(f"step {len(times)}: {times[-1]:.2f} s", flush=True)
+        if a.max_steps and len(times) >= a.max_steps:
+            break
+    first, rest = times[0], times[1:]
+    per = sum(rest) / len(rest)
+    out = {"model": f"LLaDA-8B shape, {a.full_layers} layers, int8 linear layers (random weights), float32 "
+                    "embedding and head", "prompt": a.prefix, "gen_length": a.gen, "block_length": 32, "cache": "dual",
+           "schedule_tokens_per_step": a.per_step, "steps_run": len(times), "build_seconds": round(built, 1),
+           "weight_bytes": weight_bytes(model), "peak_rss_bytes": peak_rss(), "rss_after_build_bytes": rss_model,
+           "first_step_seconds": round(first, 2), "seconds_per_step": round(per, 2),
+           "timing": "engine.step wall time: forward, proposal, commit (batch 1); the first step includes the prompt's prefill"}
+    for tau in a.tau:
+        out.setdefault("projection", []).append(
+            {"tokens_per_step": tau, "tokens_per_s": round(tau / per, 3),
+             "note": "a projection: a real checkpoint's tokens per step at this τ, times this measured step"})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="25M,8B-layers")
+    ap.add_argument("--big-layers", type=int, default=2)
+    ap.add_argument("--prefix", type=int, default=256, help="cached prefix columns (the prompt and earlier blocks)")
+    ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--full", action="store_true", help="the 32-layer int8 8B-shaped decode instead")
+    ap.add_argument("--full-layers", type=int, default=32)
+    ap.add_argument("--gen", type=int, default=256)
+    ap.add_argument("--per-step", type=int, default=2, help="fixed schedule: tokens committed per step")
+    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the whole canvas)")
+    ap.add_argument("--tau", type=float, nargs="*", default=[1.0, 2.0, 3.0])
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    res = {"benchmark": "quantize", "context": context()}
+    if a.full:
+        res.update(full_run(a))
+        out = a.out or "benchmarks/results/quantize_8b_full_cpu.json"
+    else:
+        res.update({"prefix": a.prefix, "timing": "model forward only (DualCache window over a cached prefix), best of "
+                    f"{a.repeats}; head timed alone on the same rows"}, **layers_run(a))
+        out = a.out or "benchmarks/results/quantize_cpu.json"
+    write_json_atomic(Path(out), res)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""float32 linear layers on CPU through the faster of two maintained kernels, chosen per shape by
+measurement (`--linear-kernel`, `LLM(..., linear_kernel=...)`, env UNMASK_LINEAR_KERNEL).
+
+A denoising step multiplies G positions (8-32 per row, times the batch) by every weight, and on a
+CPU the roofline says that costs about one read of the weights whatever G. PyTorch's default
+float32 linear does not behave so on every CPU: on the AMD machine of `benchmarks/linear_kernels.py`
+a 4096x12288 layer took 9 ms at 1 row, 18 ms at 2 and 26 ms at 8 (MKL's skinny path), where
+oneDNN's inner product over a weight reordered once (`torch.ops.mkldnn._reorder_linear_weight` /
+`_linear_pointwise`, the kernels torch.compile's CPU freezing path calls) took 5.4 / 5.6 / 7.4 ms.
+For tiny layers at one row the default is faster (oneDNN's call overhead is tens of microseconds).
+
+So each distinct (in, out) shape is measured once per machine on the layer's own weight: both
+kernels at 1, 2, 4, ..., 64 rows, interleaved, best of several. oneDNN takes a layer from the
+smallest row count at which it is faster at that count and every larger one; a layer where it
+never is stays an nn.Linear. The choice (with the times) is recorded in a JSON file keyed by CPU,
+thread count and torch version (`$UNMASK_CACHE_DIR` or ~/.cache/unmask/linear_kernels.json), so
+later loads on that machine choose the same without measuring. Kernels: "auto" (that),
+"default" (PyTorch's F.linear, no change), "onednn" (oneDNN at every row count).
+"""
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+KERNELS = ("auto", "default", "onednn")
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+NEVER = 1 << 62  # from_rows of a layer that stays on the default kernel
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class OneDNNLinear(nn.Module):
+    """nn.Linear's forward through oneDNN over a once-reordered weight, for inputs of at least
+    `from_rows` rows; fewer rows go through F.linear on the plain weight (kept only then)."""
+
+    def __init__(self, linear: nn.Linear, from_rows: int = 1) -> None:
+        super().__init__()
+        w = linear.weight.detach()
+        self.in_features, self.out_features, self.from_rows = w.shape[1], w.shape[0], from_rows
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        self.register_buffer("weight", w if from_rows > 1 else None, persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        self._forward_hooks.update(linear._forward_hooks)  # e.g. a row-parallel all-reduce
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        """The checkpoint's names and plain layout (the reordered weight read back: a copy)."""
+        destination[prefix + "weight"] = self.weight if self.weight is not None else self._packed.to_dense()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() >= self.from_rows * self.in_features:
+            with torch.no_grad():  # inference only: no gradient flows through the reordered weight
+                return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN from {self.from_rows} rows"
+
+
+def machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def cache_path() -> Path:
+    base = os.environ.get("UNMASK_CACHE_DIR") or Path.home() / ".cache" / "unmask"
+    return Path(base) / "linear_kernels.json"
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(data: dict) -> None:
+    path = cache_path()
+    try:  # a cache: a machine where it cannot be written measures again next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _best(fn, budget: float = 0.05, least: int = 3) -> float:
+    fn()
+    times, spent = [], 0.0
+    while len(times) < least or spent < budget and len(times) < 20:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        spent += times[-1]
+    return min(times)
+
+
+@torch.no_grad()
+def measure(weight: torch.Tensor, rows=PROBE_ROWS) -> dict:
+    """Both kernels on `weight` at each row count: {"rows": [...], "default_ms": [...], "onednn_ms": [...],
+    "from_rows": n} (NEVER when oneDNN is not faster at the largest count)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    default, onednn = [], []
+    for m in rows:
+        x = torch.randn(m, weight.shape[1])
+        a = b = float("inf")
+        for _ in range(2):  # interleaved: a drift of the machine's speed hits both
+            a = min(a, _best(lambda: F.linear(x, weight)))
+            b = min(b, _best(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")))
+        default.append(round(a * 1e3, 4))
+        onednn.append(round(b * 1e3, 4))
+    return {"rows": list(rows), "default_ms": default, "onednn_ms": onednn,
+            "from_rows": crossover(rows, default, onednn)}
+
+
+def crossover(rows, default, onednn) -> int:
+    """The smallest of `rows` from which oneDNN's times are below the default's at every larger
+    count too; NEVER when it is not below at the largest."""
+    from_rows = NEVER
+    for m, a, b in reversed(list(zip(rows, default, onednn))):
+        if b >= a:
+            break
+        from_rows = m
+    return from_rows
+
+
+def routers(name: str) -> bool:
+    """Linear layers whose weight the model reads directly (mixture-of-experts routers): left as they are."""
+    return name.rsplit(".", 1)[-1] == "gate" or name.endswith("router.proj")
+
+
+def replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _targets(model: nn.Module, skip) -> list:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and not skip(name)
+            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+
+
+def choices(model: nn.Module, skip=routers) -> dict:
+    """{(in, out): from_rows} for the float32 nn.Linear layers of `model`, from the machine's record,
+    measuring (and recording) the shapes it lacks."""
+    data = _read_cache()
+    key = machine_key()
+    known = data.setdefault(key, {})
+    out, changed = {}, False
+    for name, m in _targets(model, skip):
+        shape = (m.in_features, m.out_features)
+        if shape in out:
+            continue
+        tag = f"{shape[0]}x{shape[1]}"
+        if tag not in known:
+            known[tag] = measure(m.weight.detach())
+            changed = True
+        out[shape] = int(known[tag]["from_rows"])
+    if changed:
+        _write_cache(data)
+    return out
+
+
+def use_kernels(model: nn.Module, kernel: str = "auto", skip=routers) -> int:
+    """Put `model`'s float32 CPU nn.Linear layers (but those whose name `skip` accepts) on `kernel`, in
+    place; returns how many now run through oneDNN. Inference only: the reordered weight has no
+    gradient."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown linear kernel {kernel!r}; choose {', '.join(KERNELS)}")
+    if kernel == "default" or not onednn_available():
+        return 0
+    plan = {} if kernel == "onednn" else choices(model, skip)
+    targets = [(name, m) for name, m in _targets(model, skip) if plan.get((m.in_features, m.out_features), 1) < NEVER]
+    for name, m in targets:
+        replace(model, name, OneDNNLinear(m, plan.get((m.in_features, m.out_features), 1)))
+        m.weight = None
+    return len(targets)
