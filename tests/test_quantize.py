@@ -15,7 +15,7 @@ from checkpoints import (write_diffusion_gemma, write_dream, write_fast_dllm_v2,
                          write_llada_block, write_llada_moe, write_sdar)
 from unmask import LLM
 from unmask.errors import UnmaskError
-from unmask.layers.quant import Int8Linear
+from unmask.layers.quant import Int8Bank, Int8Linear
 
 FAMILIES = {"llada": write_llada, "dream": write_dream, "fast_dllm_v2": write_fast_dllm_v2, "sdar": write_sdar,
             "llada_block": write_llada_block, "llada2": write_llada2, "llada_moe": write_llada_moe,
@@ -28,7 +28,7 @@ def _int8(model) -> list[Int8Linear]:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_runs_in_int8_with_close_logits(tmp_path, family):
-    """The stated tolerance on a random tiny model (int8 weights, 7-bit per-row activations): the
+    """The stated tolerance on a random tiny model (int8 weights, experts included, 7-bit per-row activations): the
     mean |logit error| of a whole-prompt forward at most 8 % of the float model's largest logit
     (measured: 0.7-1.8 %, and 6 % on LLaDA2's random router, where a perturbed input picks other
     experts; the largest single error 3-79 %), the argmax equal at 3 of 4 positions or more; and
@@ -36,6 +36,9 @@ def test_every_family_runs_in_int8_with_close_logits(tmp_path, family):
     path = FAMILIES[family](tmp_path / "m")
     f, q = LLM(path), LLM(path, quantize="int8")
     assert _int8(q.model) and not _int8(f.model)
+    banks = [getattr(m, n) for m in q.model.modules() for n in getattr(m, "expert_weights", ())]
+    assert all(isinstance(b, Int8Bank) for b in banks)  # mixture-of-experts weights in int8 too
+    assert bool(banks) == (family in ("llada2", "llada_moe", "diffusion_gemma"))
     head = q.model.parts()[3] if hasattr(q.model, "parts") else None
     assert head is None or not isinstance(head, Int8Linear)  # the head stays float
     if not f.arch.canvas_length:  # (a renoising model has no plain forward: it decodes below)

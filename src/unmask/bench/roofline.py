@@ -76,21 +76,29 @@ class ModelCost:
         return cls(1.4e10, 1.4e10)
 
     @classmethod
-    def from_arch(cls, arch, bytes_per_param: float = 2.0, attention: bool = False) -> "ModelCost":
+    def from_arch(cls, arch, bytes_per_param: float = 2.0, attention: bool = False,
+                  float_bytes: float | None = None) -> "ModelCost":
+        """`float_bytes`: the bytes per parameter of what int8 quantization leaves in floating point
+        (the embedding, the head, the grouped experts of a mixture of experts, unmask.layers.quant);
+        the other weights take `bytes_per_param`. KV entries stay in the float dtype."""
         n = arch.num_parameters(embeddings=True)
         # the input embedding is a lookup: it is read but costs no FLOPs (a tied head still multiplies)
         flops = 2 * arch.num_parameters(embeddings=True, active=True)
         if not arch.tie_embeddings:
             flops -= 2 * arch.vocab_size * arch.hidden_size
         kw = {}
+        fb = bytes_per_param if float_bytes is None else float_bytes
         if attention:
             kw = dict(num_layers=arch.num_layers, kv_dim=arch.num_kv_heads * arch.head_dim,
-                      q_dim=arch.num_heads * arch.head_dim, kv_bytes_per_element=bytes_per_param)
+                      q_dim=arch.num_heads * arch.head_dim, kv_bytes_per_element=fb)
         m = arch.moe
+        kept = arch.vocab_size * arch.hidden_size * (1 if arch.tie_embeddings else 2)
         if m is not None:
+            experts = m.layers_moe(arch.num_layers) * m.num_experts * 3 * arch.hidden_size * m.expert_size
+            kept += experts
             kw.update(moe_layers=m.layers_moe(arch.num_layers), num_experts=m.num_experts, top_k=m.top_k,
-                      expert_bytes=3 * arch.hidden_size * m.expert_size * bytes_per_param)
-        return cls(n * bytes_per_param, flops, **kw)
+                      expert_bytes=3 * arch.hidden_size * m.expert_size * fb)
+        return cls((n - kept) * bytes_per_param + kept * fb, flops, **kw)
 
 
 @dataclass(frozen=True)
@@ -141,27 +149,50 @@ class Roofline:
         return None
 
 
-def measure_cpu(seconds: float = 0.5) -> Hardware:
-    """This machine, measured once: bandwidth from a large float32 copy, FLOP/s from a matmul."""
+WEIGHTS = {"float32": 4.0, "int8": 1.0}
+
+
+def measure_cpu(seconds: float = 0.5, weights: str = "float32") -> Hardware:
+    """This machine, measured once: bandwidth from a large float32 copy; the compute rate from the
+    linear layer the engine runs for `weights` (float32: the faster of PyTorch's default and oneDNN,
+    unmask.layers.dispatch; int8: unmask.layers.quant's FBGEMM layer) on a 4096 x 4096 weight over
+    256 rows, where a step is compute-bound."""
     import torch
+    from torch import nn
 
     a = torch.empty(64 * 2**20 // 4, dtype=torch.float32).uniform_()
     b = torch.empty_like(a)
     b.copy_(a)
     n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2:
+    while time.perf_counter() - t0 < seconds / 3:
         b.copy_(a)
         n += 1
     bandwidth = 2 * a.numel() * 4 * n / (time.perf_counter() - t0)  # read + write
-    x = torch.randn(1024, 1024)
-    y = torch.randn(1024, 1024)
-    x @ y
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 2:
-        x @ y
-        n += 1
-    flops = 2 * 1024**3 * n / (time.perf_counter() - t0)
-    return Hardware(f"this CPU ({torch.get_num_threads()} threads, float32, measured)", bandwidth, flops)
+    del a, b
+    rows, size = 256, 4096
+    lin = nn.Linear(size, size, bias=False).requires_grad_(False)
+    if weights == "int8":
+        from unmask.layers.quant import Int8Linear
+
+        layers = {"int8 (FBGEMM)": Int8Linear.from_linear(lin)}
+    else:
+        from unmask.layers.dispatch import OneDNNLinear, onednn_available
+
+        layers = {"float32 (default)": lin}
+        if onednn_available():
+            layers["float32 (oneDNN)"] = OneDNNLinear(lin)
+    x = torch.randn(rows, size)
+    best = {}
+    with torch.no_grad():
+        for name, layer in layers.items():
+            layer(x)
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds / (3 * len(layers)) or n < 2:
+                layer(x)
+                n += 1
+            best[name] = 2 * rows * size * size * n / (time.perf_counter() - t0)
+    kernel = max(best, key=best.get)
+    return Hardware(f"this CPU ({torch.get_num_threads()} threads, {kernel}, measured)", bandwidth, best[kernel])
 
 
 def for_device(device) -> Hardware:
@@ -209,7 +240,7 @@ def seed_example() -> str:
 
 
 def build(hardware: str | None = None, arch=None, params: float | None = None,
-          bytes_per_param: float | None = None, attention: bool = False) -> Roofline:
+          bytes_per_param: float | None = None, attention: bool = False, weights: str | None = None) -> Roofline:
     """A roofline for named hardware (a preset, or "cpu": this machine, measured) and a model given
     by its architecture (`arch`, an ArchConfig) or by its parameter count. Bad values raise an
     UnmaskError that names them."""
@@ -221,13 +252,19 @@ def build(hardware: str | None = None, arch=None, params: float | None = None,
         raise UnmaskError("give a model or a parameter count, not both")
     if attention and arch is None:
         raise UnmaskError("attention costs need a model (the layer and head sizes come from its config)")
+    if weights is not None and weights not in WEIGHTS:
+        raise UnmaskError(f"weights {weights!r}: choose {', '.join(WEIGHTS)}")
+    if weights is not None and hardware != "cpu":
+        raise UnmaskError(f"weights {weights}: the measured weight types are this CPU's (--hardware cpu); the GPU "
+                          "presets price bf16 (--bytes-per-param for another width)")
     if bytes_per_param is None:
-        bytes_per_param = 4.0 if hardware == "cpu" else 2.0
+        bytes_per_param = WEIGHTS[weights or "float32"] if hardware == "cpu" else 2.0
     if not (math.isfinite(bytes_per_param) and bytes_per_param > 0):
         raise UnmaskError(f"bytes per parameter {bytes_per_param} must be a finite number > 0")
-    hw = measure_cpu() if hardware == "cpu" else PRESETS[hardware or "h100-sxm"]
+    hw = measure_cpu(weights=weights or "float32") if hardware == "cpu" else PRESETS[hardware or "h100-sxm"]
+    float_bytes = 4.0 if weights == "int8" else None  # what int8 quantization leaves in float32
     if arch is not None:
-        return Roofline(hw, ModelCost.from_arch(arch, bytes_per_param, attention))
+        return Roofline(hw, ModelCost.from_arch(arch, bytes_per_param, attention, float_bytes))
     n = 7e9 if params is None else params
     if not (math.isfinite(n) and n > 0):
         raise UnmaskError(f"parameter count {n} must be a finite number > 0")
@@ -259,6 +296,28 @@ def renoise_shape(name: str):
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512,
         "num_global_key_value_heads": 2, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
         "sliding_window": 1024, "max_position_embeddings": 262144}})
+
+
+def step_table(rooflines: dict, arch, context: int, positions=(1, 8, 32), batches=(1, 8)) -> dict:
+    """Predicted ms of one forward of `arch` over G positions per row (G = 1: an autoregressive
+    step; 8 / 32: a block-diffusion step) attending to `context` cached columns, per batch, for
+    each named roofline (this CPU in float32 and int8, the GPU presets)."""
+    out = {}
+    for name, r in rooflines.items():
+        out[name] = {"hardware": r.hw.name, "bandwidth": r.hw.bandwidth, "peak_flops": r.hw.peak_flops,
+                     "weight_bytes": r.model.weight_bytes,
+                     "ms": {f"b{b} G{g}": round(1e3 * r.step(g * b, context, b), 3) for b in batches for g in positions}}
+    return out
+
+
+def format_step_table(t: dict) -> str:
+    cols = list(next(iter(t.values()))["ms"])
+    lines = [f"{'':26}" + "".join(f"{c:>11}" for c in cols) + "   (ms per forward, predicted)"]
+    for name, row in t.items():
+        lines.append(f"{name:26}" + "".join(f"{row['ms'][c]:11.2f}" for c in cols))
+    lines += [f"  {name}: {row['hardware']}, {row['bandwidth'] / 1e9:.1f} GB/s, {row['peak_flops'] / 1e12:.3g} "
+              f"TFLOP/s, weights {row['weight_bytes'] / 1e9:.2f} GB" for name, row in t.items()]
+    return "\n".join(lines)
 
 
 def dense_shape(name: str):

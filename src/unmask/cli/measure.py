@@ -142,7 +142,8 @@ def cmd_roofline(a: argparse.Namespace) -> int:
     if a.params is not None and not (math.isfinite(a.params) and a.params > 0):
         raise UnmaskError(f"--params {a.params:g} must be a finite number > 0")
     defaults = {k: ROOFLINE_DEFAULTS[k] for k in ("prompt", "gen", "tau", "block", "batches")}
-    custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param, a.tensor_parallel))
+    custom = (any(v is not None for v in (a.hardware, a.model, a.params, a.plot, a.bytes_per_param, a.tensor_parallel,
+                                           a.weights)) or a.step_table
               or a.json or a.attention or a.draft_layers is not None or any(getattr(a, k) != v for k, v in defaults.items()))
     if not custom:  # no flag at all: seed 000's worked example
         print(rl.seed_example())
@@ -164,7 +165,15 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         else:
             cfg = read_json(resolve_model_path(a.model) / "config.json")
             arch = resolve_family(cfg).arch(cfg)
-    model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention)
+    if a.step_table:  # one forward of this model on this CPU (float32, int8) beside the GPU presets
+        if arch is None:
+            raise UnmaskError("--step-table needs --model (e.g. llada-8b)")
+        rls = {f"cpu {w}": rl.build("cpu", arch, None, None, a.attention, w) for w in rl.WEIGHTS}
+        rls.update({f"{h} bf16": rl.build(h, arch, None, None, a.attention) for h in ("h200", "h100-sxm")})
+        table = rl.step_table(rls, arch, a.prompt if a.attention else 0, batches=batches)
+        print(json.dumps(table) if a.json else rl.format_step_table(table))
+        return 0
+    model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention, a.weights)
     if a.draft_layers is not None:  # DFlash speculative decoding of this (autoregressive) target
         if arch is None or a.draft_layers < 1:
             raise UnmaskError(f"--draft-layers {a.draft_layers} needs --model (the target's shape) and a positive "
@@ -250,7 +259,15 @@ def add_parsers(sub) -> dict:
     r.add_argument("--model", default=None, help="checkpoint folder, 'default' for the model's size, or a published "
                    "shape: llada-8b, llada2-mini, llada2-flash, diffusiongemma-26b-a4b")
     r.add_argument("--params", type=float, default=None, help="parameter count instead of --model (e.g. 7e9)")
-    r.add_argument("--bytes-per-param", type=float, default=None, help="default: 4 on cpu (float32), else 2")
+    r.add_argument("--bytes-per-param", type=float, default=None,
+                   help="default: 4 on cpu (float32; 1 with --weights int8), else 2")
+    r.add_argument("--weights", default=None, choices=("float32", "int8"),
+                   help="with --hardware cpu: the weight type whose kernel is measured (int8: unmask's --quantize "
+                        "int8 layers; the embedding and head stay float32)")
+    r.add_argument("--step-table", action="store_true",
+                   help="one forward of --model at G = 1, 8, 32 positions per row (AR and block diffusion) on this "
+                        "CPU in float32 and int8, beside the H200 and H100 presets (--prompt: the cached context "
+                        "with --attention)")
     r.add_argument("--attention", action="store_true", help="add KV-cache reads and attention FLOPs")
     d = ROOFLINE_DEFAULTS
     r.add_argument("--prompt", type=int, default=d["prompt"])

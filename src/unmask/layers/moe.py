@@ -95,6 +95,8 @@ def route(logits: torch.Tensor, c: MoEConfig, bias: torch.Tensor | None) -> tupl
 def _grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """x (N, in) sorted by expert, w (E, out, in) -> (N, out): each expert's rows times its weight.
     With gradients (training) the per-expert loop: grouped_mm has no CPU backward."""
+    if not isinstance(w, torch.Tensor):  # int8 experts (unmask.layers.quant.Int8Bank): each expert's rows apart
+        return w.grouped(x, offs, counts)
     training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
     if not training and _GROUPED.get((x.device.type, x.dtype), True):
         try:
@@ -111,6 +113,8 @@ _GROUPED: dict = {}
 class Experts(nn.Module):
     """E SwiGLU experts held stacked; per-expert checkpoint names in the state dict."""
 
+    expert_weights = ("w_in", "w_out")  # the stacked (E, out, in) weights: what int8 quantization replaces
+
     def __init__(self, num: int, hidden: int, size: int) -> None:
         super().__init__()
         self.num, self.size = num, size
@@ -119,6 +123,8 @@ class Experts(nn.Module):
         self.w_out = nn.Parameter(torch.empty(num, hidden, size))
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if not isinstance(self.w_in, torch.Tensor):  # int8 experts keep no float weights to give back
+            return
         base = self.first or 0
         for e in range(self.num):
             w_in, w_out = (self.w_in, self.w_out) if keep_vars else (self.w_in.detach(), self.w_out.detach())

@@ -16,9 +16,10 @@ prompts against 103 of 140 with the kernel's per-tensor scale).
 
 What stays in floating point, by choice: the token embedding (a lookup: nothing to multiply), the
 output head (its logits decide every commit and are few rows), routers (`gate`, `router.proj`:
-their scores pick experts), norms, and the grouped expert tensors of mixture-of-experts layers
-(not quantized yet). A forward hook on a replaced module (tensor parallelism's all-reduce) moves
-to its int8 replacement.
+their scores pick experts) and norms. The stacked expert weights of mixture-of-experts layers are
+quantized per expert (Int8Bank), after the rest of the model is loaded (not yet as they are
+read). A forward hook on a replaced module (tensor parallelism's all-reduce) moves to its int8
+replacement.
 """
 
 import warnings
@@ -74,17 +75,65 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
-        lo, hi = torch.aminmax(h, dim=-1, keepdim=True)
-        c = (hi + lo) / 2
-        a = ((hi - lo) / 2).clamp(min=1e-12)
-        unit = torch.where(h == hi, 1.0, torch.where(h == lo, -1.0, (h - c) / a))  # each row exactly onto [-1, 1]
-        y = torch.ops.quantized.linear_dynamic(unit, self._packed, True) * a + c * self.rowsum
+        unit, a, c = unit_rows(h)
+        y = torch.ops.quantized.linear_dynamic(unit, self._packed, True)
+        flat = y.view(-1, self.out_features)
+        flat.mul_(a.view(-1, 1)).addr_(c.view(-1), self.rowsum)  # a (W x') + c (W 1)
         if self.bias is not None:
-            y = y + self.bias
+            y += self.bias
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+def unit_rows(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row of h affinely onto [-1, 1]: (x', a, c) with h = c + a x', the row's largest element
+    written as exactly 1 and its smallest as exactly -1 (at another column when the row is
+    constant), so every row, hence the whole tensor, spans exactly [-1, 1]."""
+    hi, top = h.max(-1, keepdim=True)
+    lo, bottom = h.min(-1, keepdim=True)
+    c = (hi + lo) / 2
+    inv = 2 / (hi - lo).clamp(min=2e-12)
+    unit = torch.addcmul(-c * inv, h, inv).clamp_(-1, 1)
+    if h.shape[-1] > 1:
+        bottom = torch.where(bottom == top, (top + 1) % h.shape[-1], bottom)
+    unit.scatter_(-1, top, 1.0).scatter_(-1, bottom, -1.0)
+    return unit, 1 / inv, c
+
+
+class Int8Bank:
+    """The stacked (E, out, in) weights of a mixture-of-experts layer in int8: one Int8Linear per
+    expert. `grouped` is unmask.layers.moe's grouped multiply for it: the rows sorted by expert go
+    through their expert's layer, one FBGEMM call per expert that has rows (PyTorch has no grouped
+    int8 multiply on CPU)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.shape = tuple(weight.shape)
+        self.layers = [Int8Linear.from_weight(weight[e], None) for e in range(weight.shape[0])]
+        self.weight_bytes = sum(m.weight_bytes for m in self.layers)
+
+    def grouped(self, x: torch.Tensor, offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        ends = offs.tolist()  # one host sync per layer and step, as the grouped multiply's own fallback
+        starts = [e - c for e, c in zip(ends, counts.tolist())]
+        outs = [self.layers[e](x[a:b]) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]
+        return torch.cat(outs) if outs else x.new_zeros(0, self.shape[1])
+
+
+def quantize_experts(model: nn.Module) -> int:
+    """Replace the stacked expert weights of every mixture-of-experts layer (modules that name them
+    in `expert_weights`) by Int8Banks, in place; returns how many."""
+    n = 0
+    for module in model.modules():
+        for name in getattr(module, "expert_weights", ()):
+            w = getattr(module, name)
+            if not isinstance(w, torch.Tensor) or w.is_meta:
+                continue
+            bank = Int8Bank(w.detach())
+            del module._parameters[name]
+            object.__setattr__(module, name, bank)
+            n += 1
+    return n
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,4 +165,4 @@ def quantize_model(model: nn.Module, method: str, head: nn.Module | None = None)
         m = model.get_submodule(name)
         replace(model, name, Int8Linear.from_linear(m))
         m.weight = None  # the float copy goes now, not at the end
-    return len(names)
+    return len(names) + quantize_experts(model)

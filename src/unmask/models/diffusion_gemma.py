@@ -248,6 +248,8 @@ class _Router(nn.Module):
 
 
 class _Experts(nn.Module):
+    expert_weights = ("gate_up_proj", "down_proj")  # stacked (E, out, in): what int8 quantization replaces
+
     def __init__(self, hidden: int, m: MoEConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(m.num_experts, 2 * m.expert_size, hidden))

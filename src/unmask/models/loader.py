@@ -132,6 +132,10 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         check_quantize(quantize, device, torch_dtype)
         lean = targets(model, model.parts()[3] if hasattr(model, "parts") else None)  # a tied head: none
     model = _fill(model, folder, files, device, torch_dtype, tp, lean)
+    if quantize is not None:
+        from unmask.layers.quant import quantize_experts
+
+        quantize_experts(model)  # mixture-of-experts weights: after loading (their float copy is whole meanwhile)
     use_linear_kernel(model, kernel, device, torch_dtype)
     return model, cfg
 
