@@ -43,6 +43,7 @@ from unmask.models.llada import LLaDAModel  # noqa: E402
 SHAPES = {"25M": dict(layers=8, d=512, heads=8, ff=1376, vocab=512),
           "8B-layers": dict(layers=2, d=4096, heads=32, ff=12288, vocab=126464)}
 VARIANTS = ("float32-default", "float32-auto", "int8")
+GPU_VARIANTS = ("bfloat16", "int8-torchao", "fp8-torchao")  # --device cuda (benchmarks/gpu_check.sh)
 
 
 def arch(layers, d, heads, ff, vocab) -> ArchConfig:
@@ -50,15 +51,21 @@ def arch(layers, d, heads, ff, vocab) -> ArchConfig:
 
 
 @torch.no_grad()
-def build(shape: dict, variant: str, seed: int = 0) -> LLaDAModel:
+def build(shape: dict, variant: str, seed: int = 0, device: str = "cpu") -> LLaDAModel:
     torch.manual_seed(seed)
     with torch.device("meta"):
         model = LLaDAModel(arch(**shape))
-    model = model.to_empty(device="cpu")
+    model = model.to_empty(device=device)
     for p in model.parameters():
         p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
     model.eval()
-    if variant == "float32-auto":
+    if variant in GPU_VARIANTS:  # bf16, then torchao's int8 weight-only or fp8 (unmask.layers.torchao_quant)
+        from unmask.layers.torchao_quant import quantize_torchao
+
+        model = model.to(torch.bfloat16)
+        if variant != "bfloat16":
+            quantize_torchao(model, variant.split("-")[0], model.parts()[3])
+    elif variant == "float32-auto":
         use_kernels(model, "auto")
     elif variant == "int8":
         quantize_model(model, "int8", model.parts()[3])
@@ -77,22 +84,27 @@ def weight_bytes(model: nn.Module) -> int:
 def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float, float]:
     """(ms per forward of g positions per row over a cached prefix, of which the head)"""
     c = model.config
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     kv = StaticKV(c.num_layers, prefix + g)
-    ids = torch.randint(0, c.vocab_size, (batch, prefix + g))
-    pos = torch.arange(prefix + g)[None].expand(batch, -1)
+    ids = torch.randint(0, c.vocab_size, (batch, prefix + g), device=device)
+    pos = torch.arange(prefix + g, device=device)[None].expand(batch, -1)
     model(ids[:, :prefix], pos[:, :prefix], kv, 0)  # fill the cache (not timed)
     x, p = ids[:, prefix:], pos[:, prefix:]
     head = model.parts()[3]
-    hidden = torch.randn(batch, g, c.hidden_size)
+    hidden = torch.randn(batch, g, c.hidden_size, device=device, dtype=next(model.parameters()).dtype)
     best = best_head = float("inf")
     model(x, p, kv, prefix)
     head(hidden)
     for _ in range(repeats):
+        sync()
         t = time.perf_counter()
         model(x, p, kv, prefix)
+        sync()
         best = min(best, time.perf_counter() - t)
         t = time.perf_counter()
         head(hidden)
+        sync()
         best_head = min(best_head, time.perf_counter() - t)
     return best * 1e3, best_head * 1e3
 
@@ -105,14 +117,16 @@ def layers_run(a) -> dict:
     """Every variant of a shape built side by side and timed interleaved (repeat by repeat), so a
     drift of the machine's speed hits all three alike."""
     rows = []
+    variants = VARIANTS if a.device == "cpu" else GPU_VARIANTS
     for name in a.shapes.split(","):
         shape = SHAPES[name] if name != "8B-layers" else dict(SHAPES[name], layers=a.big_layers)
-        models = {v: build(shape, v) for v in VARIANTS}
-        plan = {f"{k[0]}x{k[1]}": v if v < NEVER else None for k, v in choices(models["float32-default"]).items()}
+        models = {v: build(shape, v, device=a.device) for v in variants}
+        plan = ({f"{k[0]}x{k[1]}": v if v < NEVER else None for k, v in choices(models["float32-default"]).items()}
+                if a.device == "cpu" else None)
         repeats = a.repeats if name == "25M" else max(2, a.repeats // 2)
         for batch in (1, 8):
             for g in (1, 8, 32):
-                best = {v: (float("inf"), float("inf")) for v in VARIANTS}
+                best = {v: (float("inf"), float("inf")) for v in variants}
                 for _ in range(repeats):
                     for v, model in models.items():
                         ms, head = step_ms(model, batch, g, a.prefix, 1)
@@ -121,7 +135,7 @@ def layers_run(a) -> dict:
                     row = {"shape": name, "variant": v, "batch": batch, "positions": g, "ms_per_forward": round(ms, 3),
                            "ms_head": round(head, 3), "positions_per_s": round(batch * g / ms * 1e3, 1),
                            "weight_bytes": weight_bytes(models[v])}
-                    if name == "8B-layers":
+                    if name == "8B-layers" and shape["layers"] < 32:
                         row["projected_32_layer_ms"] = round(head + 32 * (ms - head) / shape["layers"], 1)
                     rows.append(row)
                     print(f"{name:9} {v:16} b{batch} G{g:<3} {ms:9.2f} ms/forward  head {head:8.2f} ms"
@@ -130,26 +144,29 @@ def layers_run(a) -> dict:
         rows[-1]["auto_plan_from_rows"] = plan
         del models
         gc.collect()
-    return {"rows": rows, **summarize(rows, a.shapes.split(",")), "peak_rss_bytes": peak_rss()}
+    return {"device": a.device, "rows": rows, **summarize(rows, a.shapes.split(","), variants),
+            "peak_rss_bytes": peak_rss()}
 
 
-def summarize(rows: list[dict], shapes) -> dict:
-    """Speed-ups between the variants (measured forwards; for 8B-layers also the 32-layer
-    projections) and each variant's G = 8 step against its G = 1 step at batch 1."""
+def summarize(rows: list[dict], shapes, variants=VARIANTS) -> dict:
+    """Speed-ups between the variants ("a/b": a's time over b's; measured forwards, and for a
+    partial 8B-layers model the 32-layer projections) and each variant's G = 8 step against its
+    G = 1 step at batch 1."""
     out = {"speedups": {}, "g8_over_g1": {}}
+    base, mid, last = variants
     for name in shapes:
         for key in ("ms_per_forward", "projected_32_layer_ms"):
-            if key == "projected_32_layer_ms" and name != "8B-layers":
+            t = {(r["variant"], r["batch"], r["positions"]): r[key] for r in rows if r["shape"] == name and key in r}
+            if not t:
                 continue
             tag = name if key == "ms_per_forward" else f"{name} projected to 32 layers"
-            t = {(r["variant"], r["batch"], r["positions"]): r[key] for r in rows if r["shape"] == name}
             for batch in (1, 8):
                 for g in (1, 8, 32):
-                    d, o, q = (t[(v, batch, g)] for v in VARIANTS)
-                    out["speedups"][f"{tag} b{batch} G{g}"] = {"int8_vs_default": round(d / q, 2),
-                                                              "int8_vs_auto": round(o / q, 2),
-                                                              "auto_vs_default": round(d / o, 2)}
-            for v in VARIANTS:
+                    d, o, q = (t[(v, batch, g)] for v in variants)
+                    out["speedups"][f"{tag} b{batch} G{g}"] = {f"{base}/{last}": round(d / q, 2),
+                                                              f"{mid}/{last}": round(o / q, 2),
+                                                              f"{base}/{mid}": round(d / o, 2)}
+            for v in variants:
                 out["g8_over_g1"][f"{tag} {v}"] = round(t[(v, 1, 8)] / t[(v, 1, 1)], 2)
     return out
 
@@ -169,9 +186,11 @@ def build_int8_8b(layers: int = 32, seed: int = 0) -> LLaDAModel:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, Int8Linear.from_int8(q, scale, None))
         del q
-    model = model.to_empty(device="cpu")  # what is left on meta: embedding, head, norms
-    for p in model.parameters():
-        p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    for m in model.modules():  # what is left on meta: embedding, head, norms (not the int8 layers' buffers)
+        if any(p.is_meta for p in m.parameters(recurse=False)):
+            m.to_empty(device="cpu", recurse=False)
+            for p in m.parameters(recurse=False):
+                p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
     use_kernels(model, "auto")
     return model.eval()
 
@@ -220,6 +239,7 @@ def full_run(a) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="25M,8B-layers")
+    ap.add_argument("--device", default="cpu", help="cpu (float32, dispatch, int8) or cuda (bf16, torchao int8 / fp8)")
     ap.add_argument("--big-layers", type=int, default=2)
     ap.add_argument("--prefix", type=int, default=256, help="cached prefix columns (the prompt and earlier blocks)")
     ap.add_argument("--repeats", type=int, default=6)
@@ -238,7 +258,7 @@ def main() -> None:
     else:
         res.update({"prefix": a.prefix, "timing": "model forward only (DualCache window over a cached prefix), best of "
                     f"{a.repeats}; head timed alone on the same rows"}, **layers_run(a))
-        out = a.out or "benchmarks/results/quantize_cpu.json"
+        out = a.out or f"benchmarks/results/quantize_{a.device}.json"
     write_json_atomic(Path(out), res)
     print(f"wrote {out}")
 

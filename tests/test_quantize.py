@@ -83,15 +83,19 @@ def test_int8_over_two_ranks(tmp_path):
     assert len(out.results[0].raw_ids) == len(ref.results[0].raw_ids) == 8
 
 
-def test_quantize_errors_name_the_value():
+def test_quantize_errors_name_the_value(monkeypatch):
     from unmask.models.loader import check_quantize
 
     with pytest.raises(UnmaskError, match="'int4' is not a quantization"):
         LLM("default-ar", quantize="int4")
     with pytest.raises(UnmaskError, match="dtype bfloat16 does not combine"):
         LLM("default-ar", quantize="int8", dtype="bfloat16")
-    with pytest.raises(UnmaskError, match="on cuda they are not built yet"):
-        check_quantize("int8", "cuda", torch.float32)
+    with pytest.raises(UnmaskError, match="not on meta"):
+        check_quantize("int8", "meta", torch.float32)
+    check_quantize("int8", "cuda", torch.bfloat16)  # a GPU: torchao, any float dtype
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    with pytest.raises(UnmaskError, match="uses torchao, which is not installed here: pip install torchao"):
+        check_quantize("int8", "cuda", torch.bfloat16)
     out = subprocess.run([sys.executable, "-m", "unmask", "generate", "--quantize", "int8", "--model", "default-ar",
                           "copy : red 4 owl"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "red 4 owl"
@@ -111,3 +115,51 @@ def test_lean_loading_holds_no_float_copy(tmp_path):
         r = lean_load.measure(folder, quantize, "default")
         assert r["peak_over_after"] <= 1.3, r
     assert r["model_bytes"] >= 0.9 * 4 * (4 * (4 * 768 * 768 + 3 * 768 * 3072) + 2 * 2048 * 768)  # float32 held
+
+
+def test_gpu_path_through_torchao(tmp_path):
+    """The GPU path (torchao's int8 weight-only config over the same layers: not the head, not the
+    routers) runs here too on torchao's reference kernels: logits within the same tolerance. fp8
+    needs float8 tensor cores: refused by name on CPU."""
+    pytest.importorskip("torchao")
+    from torch import nn
+
+    from unmask.layers.torchao_quant import quantize_torchao, torchao_config
+    from unmask.models.loader import load_model
+
+    path = write_llada2(tmp_path / "m")
+    f, _ = load_model(path, linear_kernel="default")
+    q, _ = load_model(path, linear_kernel="default")
+    n = quantize_torchao(q, "int8", q.parts()[3])
+    changed = [name for name, m in q.named_modules() if isinstance(m, nn.Linear) and type(m.weight) is not nn.Parameter]
+    assert len(changed) == n > 0 and not any(name.endswith(("lm_head", "gate")) for name in changed)
+    ids = torch.tensor([[5, 9, 13, 2, 7, 11, 3, 8]])
+    pos = torch.arange(8)[None]
+    with torch.no_grad():
+        a, b = f(ids, pos), q(ids, pos)
+    assert (a - b).abs().mean() <= 0.08 * a.abs().max()
+    assert type(torchao_config("fp8")).__name__ == "Float8DynamicActivationFloat8WeightConfig"
+    with pytest.raises(UnmaskError, match="quantize fp8: on CPU .* runs on a GPU"):
+        LLM(path, quantize="fp8")
+    with pytest.raises(UnmaskError, match="quantize 'int4' is not a quantization"):
+        LLM(path, quantize="int4")
+
+
+def test_server_on_an_int8_model():
+    """The OpenAI server over an int8 model: streamed and plain completions equal the offline
+    output of the same quantized model."""
+    openai = pytest.importorskip("openai")
+    from test_server import Server
+
+    q = LLM("default", quantize="int8")
+    s = Server(q, served_model_name="default")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for prompt in ("copy : red 4 owl", "sort : 7 4 0"):
+            plain = client.completions.create(model="default", prompt=prompt)
+            chunks = list(client.completions.create(model="default", prompt=prompt, stream=True))
+            streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+            offline = q.generate([prompt], q.default_params()).results[0].text
+            assert plain.choices[0].text == streamed == offline
+    finally:
+        s.stop()

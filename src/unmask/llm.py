@@ -46,7 +46,8 @@ class LLM:
         `draft`: a DFlash drafter folder (z-lab's released layout, or "default-dflash", the embedded
         drafter of "default-ar") for this autoregressive model: requests are decoded by
         speculative decoding (unmask.engine.speculative), with the target's own output.
-        `quantize`: "int8" stores the linear layers' weights in int8 (CPU; unmask.layers.quant).
+        `quantize`: "int8" stores the linear layers' weights in int8 (CPU: unmask.layers.quant; GPU:
+        torchao, unmask.layers.torchao_quant), "fp8" in float8 (GPU only).
         `linear_kernel`: float32 linear layers on CPU through "auto" (the faster kernel per shape,
         measured once per machine), "default" (PyTorch's) or "onednn" (unmask.layers.dispatch);
         None: env UNMASK_LINEAR_KERNEL, else "auto"."""

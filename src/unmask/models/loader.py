@@ -126,16 +126,23 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
                               f"vocabulary {arch.vocab_size}): {e}") from None
     kernel = check_linear_kernel(linear_kernel)
     lean: list[str] = []
+    head = model.parts()[3] if hasattr(model, "parts") else None  # a tied head: none
+    on_cpu = device.type == "cpu"
     if quantize is not None:
         from unmask.layers.quant import targets
 
         check_quantize(quantize, device, torch_dtype)
-        lean = targets(model, model.parts()[3] if hasattr(model, "parts") else None)  # a tied head: none
+        if on_cpu:
+            lean = targets(model, head)
     model = _fill(model, folder, files, device, torch_dtype, tp, lean)
-    if quantize is not None:
+    if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
         quantize_experts(model)  # mixture-of-experts weights: after loading (their float copy is whole meanwhile)
+    elif quantize is not None:  # a GPU: torchao, in place, layer by layer
+        from unmask.layers.torchao_quant import quantize_torchao
+
+        quantize_torchao(model, quantize, model.parts()[3] if hasattr(model, "parts") else None)
     use_linear_kernel(model, kernel, device, torch_dtype)
     return model, cfg
 
@@ -163,15 +170,32 @@ def use_linear_kernel(model, kernel: str, device, dtype) -> int:
 def check_quantize(quantize, device, dtype) -> None:
     """Whether `quantize` runs here, or an UnmaskError naming why."""
     from unmask.layers.quant import QUANTIZE
+    from unmask.layers.torchao_quant import GPU_METHODS
 
-    if quantize not in QUANTIZE:
-        raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose {', '.join(QUANTIZE)}", param="quantize")
-    if torch.device(device).type != "cpu":
-        raise UnmaskError(f"quantize {quantize}: int8 layers run on CPU (PyTorch's FBGEMM kernels); on {device} "
-                          "they are not built yet", param="quantize")
-    if dtype != torch.float32:
-        raise UnmaskError(f"quantize {quantize}: the int8 kernels take float32 activations; dtype "
-                          f"{str(dtype).replace('torch.', '')} does not combine with it", param="quantize")
+    device = torch.device(device)
+    if quantize not in QUANTIZE + GPU_METHODS:
+        raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose int8 (CPU or GPU) or fp8 (GPU)",
+                          param="quantize")
+    if device.type == "cpu":
+        if quantize not in QUANTIZE:
+            raise UnmaskError(f"quantize {quantize}: on CPU unmask quantizes to {', '.join(QUANTIZE)} (PyTorch's "
+                              f"FBGEMM kernels); {quantize} runs on a GPU", param="quantize")
+        if dtype != torch.float32:
+            raise UnmaskError(f"quantize {quantize}: the int8 kernels take float32 activations; dtype "
+                              f"{str(dtype).replace('torch.', '')} does not combine with it", param="quantize")
+        return
+    if device.type != "cuda":
+        raise UnmaskError(f"quantize {quantize}: runs on CPU (FBGEMM) or CUDA (torchao), not on {device}",
+                          param="quantize")
+    try:
+        import torchao  # noqa: F401
+    except ImportError:
+        raise UnmaskError(f"quantize {quantize} on {device} uses torchao, which is not installed here: "
+                          "pip install torchao", param="quantize") from None
+    if quantize == "fp8" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise UnmaskError(f"quantize fp8 needs float8 tensor cores (compute capability 8.9+); "
+                          f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}",
+                          param="quantize")
 
 
 def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = ()):
