@@ -163,3 +163,25 @@ def test_server_on_an_int8_model():
             assert plain.choices[0].text == streamed == offline
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("family", ["llada2", "llada_moe", "diffusion_gemma"])
+def test_experts_are_quantized_as_read(tmp_path, family):
+    """Expert weights (per-expert checkpoint tensors: LLaDA2.x, LLaDA-MoE; stacked ones:
+    DiffusionGemma) are quantized as the loader reads them and assembled into the same int8
+    experts as quantizing a float32 load: every expert's layer gives the same output."""
+    from unmask.layers.quant import quantize_model
+    from unmask.models.loader import load_model
+
+    path = FAMILIES[family](tmp_path / "m")
+    lean, _ = load_model(path, quantize="int8", linear_kernel="default")
+    late, _ = load_model(path, linear_kernel="default")
+    quantize_model(late, "int8", late.parts()[3] if hasattr(late, "parts") else None)
+    pairs = [(getattr(a, n), getattr(b, n)) for a, b in zip(lean.modules(), late.modules())
+             for n in getattr(a, "expert_weights", ())]
+    assert pairs and all(isinstance(x, Int8Bank) and isinstance(y, Int8Bank) for x, y in pairs)
+    for x, y in pairs:
+        assert x.shape == y.shape
+        h = torch.randn(3, x.shape[2])
+        for e in range(x.shape[0]):
+            assert torch.equal(x.layers[e](h), y.layers[e](h))

@@ -126,3 +126,43 @@ def test_tensor_parallel_roofline(capsys):
     assert "speedup" in capsys.readouterr().out
     assert main(["roofline", "--tensor-parallel", "2"]) == 2
     assert "needs --model" in capsys.readouterr().err
+
+
+def test_int8_weights_and_the_cpu_step_table(capsys, monkeypatch):
+    """int8 prices 1 byte for the quantized weights and 4 for what stays float32 (embedding, head,
+    grouped experts); the CPU's rates are measured with the engine's own layers; the step table
+    puts this CPU beside the GPU presets; bad combinations are named."""
+    from unmask.bench import roofline as rl
+    from unmask.cli import main
+    from unmask.errors import UnmaskError
+
+    arch = rl.dense_shape("llada-8b")
+    kept = 2 * arch.vocab_size * arch.hidden_size
+    f32 = ModelCost.from_arch(arch, 4.0)
+    i8 = ModelCost.from_arch(arch, 1.0, float_bytes=4.0)
+    assert i8.weight_bytes == pytest.approx((f32.weight_bytes / 4 - kept) + 4 * kept)
+    assert i8.flops_per_position == f32.flops_per_position
+    flash = rl.moe_shape("llada2-flash")
+    assert ModelCost.from_arch(flash, 1.0, float_bytes=4.0).expert_bytes == ModelCost.from_arch(flash, 4.0).expert_bytes
+    fake = rl.Hardware("this CPU (fake)", 20e9, 1e11)
+    monkeypatch.setattr(rl, "measure_cpu", lambda seconds=0.5, weights="float32": fake)
+    r = rl.build("cpu", arch, weights="int8")
+    assert r.model.weight_bytes == pytest.approx(i8.weight_bytes)
+    t = rl.step_table({"cpu int8": r, "h200 bf16": rl.build("h200", arch)}, arch, 0)
+    assert set(t["cpu int8"]["ms"]) == {f"b{b} G{g}" for b in (1, 8) for g in (1, 8, 32)}
+    assert t["cpu int8"]["ms"]["b1 G1"] == pytest.approx(1e3 * i8.weight_bytes / 20e9, rel=1e-3)
+    with pytest.raises(UnmaskError, match="weights int8: the measured weight types are this CPU's"):
+        rl.build("h200", arch, weights="int8")
+    assert main(["roofline", "--model", "llada-8b", "--step-table", "--batches", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu int8" in out and "h200 bf16" in out and "b1 G32" in out
+    assert main(["roofline", "--step-table"]) == 2
+    assert "needs --model" in capsys.readouterr().err
+
+
+def test_measured_cpu_rates_use_the_engines_layers():
+    from unmask.bench.roofline import measure_cpu
+
+    hw = measure_cpu(0.05, "int8")
+    assert "int8 (FBGEMM)" in hw.name and hw.bandwidth > 0 and hw.peak_flops > 0
+    assert "float32" in measure_cpu(0.05).name

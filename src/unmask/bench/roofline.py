@@ -17,6 +17,7 @@ most of the 5-18 ms step of the 3.4 M embedded model, where `unmask bench` finds
 48-93 % below the measurement.
 """
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -152,6 +153,21 @@ class Roofline:
 WEIGHTS = {"float32": 4.0, "int8": 1.0}
 
 
+@functools.cache
+def _bandwidth(seconds: float) -> float:
+    """Bytes per second of a large float32 copy (read + write), measured once per process."""
+    import torch
+
+    a = torch.empty(64 * 2**20 // 4, dtype=torch.float32).uniform_()
+    b = torch.empty_like(a)
+    b.copy_(a)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        b.copy_(a)
+        n += 1
+    return 2 * a.numel() * 4 * n / (time.perf_counter() - t0)
+
+
 def measure_cpu(seconds: float = 0.5, weights: str = "float32") -> Hardware:
     """This machine, measured once: bandwidth from a large float32 copy; the compute rate from the
     linear layer the engine runs for `weights` (float32: the faster of PyTorch's default and oneDNN,
@@ -160,15 +176,7 @@ def measure_cpu(seconds: float = 0.5, weights: str = "float32") -> Hardware:
     import torch
     from torch import nn
 
-    a = torch.empty(64 * 2**20 // 4, dtype=torch.float32).uniform_()
-    b = torch.empty_like(a)
-    b.copy_(a)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds / 3:
-        b.copy_(a)
-        n += 1
-    bandwidth = 2 * a.numel() * 4 * n / (time.perf_counter() - t0)  # read + write
-    del a, b
+    bandwidth = _bandwidth(seconds / 3)
     rows, size = 256, 4096
     lin = nn.Linear(size, size, bias=False).requires_grad_(False)
     if weights == "int8":

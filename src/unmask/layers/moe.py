@@ -132,8 +132,21 @@ class Experts(nn.Module):
             destination[f"{prefix}{base + e}.up_proj.weight"] = w_in[e, self.size :]
             destination[f"{prefix}{base + e}.down_proj.weight"] = w_out[e]
 
+    def checkpoint_parts(self) -> dict:
+        """Checkpoint key (after this module's prefix) -> (stacked weight, expert, part): how the
+        per-expert tensors fill w_in (gate rows, then up rows) and w_out; a loader that quantizes
+        as it reads assembles them (unmask.layers.quant.install_experts)."""
+        base, out = self.first or 0, {}
+        for e in range(self.num):
+            out[f"{base + e}.gate_proj.weight"] = ("w_in", e, 0)
+            out[f"{base + e}.up_proj.weight"] = ("w_in", e, 1)
+            out[f"{base + e}.down_proj.weight"] = ("w_out", e, 0)
+        return out
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        if not isinstance(self.w_in, torch.Tensor):  # quantized as read: nothing left to place
+            return
         ids = range(self.first or 0, (self.first or 0) + self.num)
         names = [f"{prefix}{e}.{p}.weight" for e in ids for p in ("gate_proj", "up_proj", "down_proj")]
         absent = [n for n in names if n not in state_dict]

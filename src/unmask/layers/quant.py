@@ -17,8 +17,7 @@ prompts against 103 of 140 with the kernel's per-tensor scale).
 What stays in floating point, by choice: the token embedding (a lookup: nothing to multiply), the
 output head (its logits decide every commit and are few rows), routers (`gate`, `router.proj`:
 their scores pick experts) and norms. The stacked expert weights of mixture-of-experts layers are
-quantized per expert (Int8Bank), after the rest of the model is loaded (not yet as they are
-read). A forward hook on a replaced module (tensor parallelism's all-reduce) moves to its int8
+quantized per expert (Int8Bank), as they are read like every other weight. A forward hook on a replaced module (tensor parallelism's all-reduce) moves to its int8
 replacement.
 """
 
@@ -108,9 +107,11 @@ class Int8Bank:
     through their expert's layer, one FBGEMM call per expert that has rows (PyTorch has no grouped
     int8 multiply on CPU)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.shape = tuple(weight.shape)
-        self.layers = [Int8Linear.from_weight(weight[e], None) for e in range(weight.shape[0])]
+    def __init__(self, weight: torch.Tensor | None = None, layers: list | None = None) -> None:
+        """From a float (E, out, in) weight, or from E Int8Linear `layers`."""
+        self.layers = layers if layers is not None else [Int8Linear.from_weight(w, None) for w in weight]
+        first = self.layers[0]
+        self.shape = (len(self.layers), first.out_features, first.in_features)
         self.weight_bytes = sum(m.weight_bytes for m in self.layers)
 
     def grouped(self, x: torch.Tensor, offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -118,6 +119,45 @@ class Int8Bank:
         starts = [e - c for e, c in zip(ends, counts.tolist())]
         outs = [self.layers[e](x[a:b]) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]
         return torch.cat(outs) if outs else x.new_zeros(0, self.shape[1])
+
+
+def expert_parts(model: nn.Module) -> dict:
+    """Checkpoint key -> (module name, stacked weight, expert, part) for every mixture-of-experts
+    module that describes its checkpoint layout (`checkpoint_parts`)."""
+    out = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "checkpoint_parts") and getattr(module, "expert_weights", ()):
+            for key, where in module.checkpoint_parts().items():
+                out[f"{name}.{key}"] = (name, *where)
+    return out
+
+
+def install_experts(model: nn.Module, parts: dict, read: dict) -> int:
+    """Put Int8Banks built from `read` (checkpoint key -> (int8 rows, scales), each tensor viewed as
+    rows of its last dimension) into the modules `parts` (expert_parts) names; returns how many."""
+    pieces: dict = {}
+    for key, (name, attr, expert, part) in parts.items():
+        pieces.setdefault((name, attr), []).append((expert, part, read[key]))
+    for (name, attr), got in pieces.items():
+        module = model.get_submodule(name)
+        num = getattr(module, attr).shape[0]
+        layers = []
+        if got[0][0] is None:  # one tensor holds every expert, rows stacked
+            q, scale = got[0][2]
+            rows = q.shape[0] // num
+            layers = [Int8Linear.from_int8(q[e * rows:(e + 1) * rows], scale[e * rows:(e + 1) * rows], None)
+                      for e in range(num)]
+        else:
+            by_expert: dict = {}
+            for expert, part, qs in got:
+                by_expert.setdefault(expert, []).append((part, qs))
+            for e in range(num):
+                ordered = [qs for _, qs in sorted(by_expert[e], key=lambda x: x[0])]
+                layers.append(Int8Linear.from_int8(torch.cat([q for q, _ in ordered]),
+                                                   torch.cat([s for _, s in ordered]), None))
+        del module._parameters[attr]
+        object.__setattr__(module, attr, Int8Bank(layers=layers))
+    return len(pieces)
 
 
 def quantize_experts(model: nn.Module) -> int:

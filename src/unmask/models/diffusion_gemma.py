@@ -257,6 +257,10 @@ class _Experts(nn.Module):
 
     first: int | None = None  # expert parallel: this rank's experts start here
 
+    def checkpoint_parts(self) -> dict:
+        """Checkpoint key -> (stacked weight, expert, part): each tensor holds every expert (None)."""
+        return {"gate_up_proj": ("gate_up_proj", None, 0), "down_proj": ("down_proj", None, 0)}
+
     def forward(self, x, idx, w):
         return mix_experts(x, idx, w.to(x.dtype), self.gate_up_proj, self.down_proj, _gelu, self.first)
 

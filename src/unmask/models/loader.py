@@ -6,6 +6,7 @@ key, or shape mismatch is a CheckpointError that names it.
 """
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -138,7 +139,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
-        quantize_experts(model)  # mixture-of-experts weights: after loading (their float copy is whole meanwhile)
+        quantize_experts(model)  # expert weights not quantized as read (a module without checkpoint_parts)
     elif quantize is not None:  # a GPU: torchao, in place, layer by layer
         from unmask.layers.torchao_quant import quantize_torchao
 
@@ -221,15 +222,21 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
     quantized: dict = {}
     convert = None
     if int8:
-        from unmask.layers.quant import Int8Linear
+        from unmask.layers.quant import Int8Linear, expert_parts, install_experts
 
         names = {f"{n}.weight": n for n in int8}
+        experts = {k: v for k, v in expert_parts(model).items() if k in files}
+        expert_rows: dict = {}
 
         def convert(k, t) -> bool:
             """Whether weight `k` is quantized; t: None (asking), a float slice, or (int8 rows, scales)."""
-            if k not in names:
+            if k not in names and k not in experts:
                 return False
-            if t is not None:
+            if t is None:
+                return True
+            if k in experts:
+                expert_rows[k] = t if isinstance(t, tuple) else quantize_rows(t.reshape(-1, t.shape[-1]))
+            else:
                 quantized[names[k]] = (Int8Linear.from_int8(*t, None) if isinstance(t, tuple)
                                        else Int8Linear.from_weight(t, None))
             return True
@@ -243,6 +250,8 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
         q.bias = None if bias is None else bias.float()
         q._forward_hooks.update(like._forward_hooks)  # e.g. a row-parallel all-reduce
         replace(model, name, q)
+    if int8 and experts:
+        install_experts(model, experts, expert_rows)
     result = model.load_state_dict(state, strict=not quantized, assign=True)
     if result.missing_keys or result.unexpected_keys:  # the names were checked above: a bug, said plainly
         raise CheckpointError(f"{folder}: weights left unplaced {_few(result.missing_keys + result.unexpected_keys)}")
@@ -312,13 +321,14 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                     continue
                 begin, end = header[k]["data_offsets"]
                 if convert is not None and convert(k, None):  # int8: quantized row chunk by row chunk
-                    q = torch.empty(shape, dtype=torch.int8)
-                    scale = torch.empty(shape[0], dtype=torch.float64)
+                    rows2d = (math.prod(shape[:-1]), shape[-1])  # rows of the last dimension (experts stacked)
+                    q = torch.empty(rows2d, dtype=torch.int8)
+                    scale = torch.empty(rows2d[0], dtype=torch.float64)
 
                     def into(i, rows, q=q, scale=scale):
                         q[i : i + len(rows)], scale[i : i + len(rows)] = quantize_rows(rows)
 
-                    _read_rows(fh, f, k, base + begin, end - begin, shape, _FLOATS[kind], into)
+                    _read_rows(fh, f, k, base + begin, end - begin, rows2d, _FLOATS[kind], into)
                     convert(k, (q, scale))
                     continue
                 out = torch.empty(shape, dtype=dtype)
