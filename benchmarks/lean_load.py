@@ -100,7 +100,7 @@ def child(folder: str, quantize: str | None, kernel: str) -> dict:
     peak, after = _status("VmHWM") - base, _status("VmRSS") - base
     held = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     held += sum(getattr(m, "weight_bytes", 0) for m in model.modules())
-    held += sum(m._packed.numel() * 4 for m in model.modules() if type(m).__name__ == "OneDNNLinear")
+    held += sum(m.packed_bytes for m in model.modules() if type(m).__name__ == "OneDNNLinear")
     return {"quantize": quantize, "linear_kernel": kernel, "load_seconds": round(seconds, 2),
             "peak_above_baseline_bytes": peak, "after_load_bytes": after, "model_bytes": held,
             "peak_over_after": round(peak / after, 3), "peak_over_model": round(peak / held, 3)}
@@ -134,7 +134,7 @@ def main() -> None:
             disk = write_checkpoint(folder, a.layers, **shape, shard_bytes=(64 << 20) if a.small else (2 << 30))
         print(f"have {disk / 2**30:.2f} GiB bf16 ({a.layers} layers, {shape}) in {time.perf_counter() - t:.0f} s")
         runs = []
-        for quantize, kernel in ((None, "default"), ("int8", "default"), ("int8", "auto")):
+        for quantize, kernel in ((None, "default"), (None, "auto"), ("int8", "default"), ("int8", "auto")):
             r = measure(folder, quantize, kernel)
             runs.append(r)
             print(f"{quantize or 'float32':8} kernel {kernel:8} load {r['load_seconds']:6.1f} s  peak "

@@ -77,7 +77,7 @@ def build(shape: dict, variant: str, seed: int = 0, device: str = "cpu") -> LLaD
 def weight_bytes(model: nn.Module) -> int:
     n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     n += sum(m.weight_bytes for m in model.modules() if isinstance(m, Int8Linear))
-    return n + sum(m._packed.numel() * 4 for m in model.modules() if isinstance(m, OneDNNLinear))
+    return n + sum(m.packed_bytes for m in model.modules() if isinstance(m, OneDNNLinear))
 
 
 @torch.inference_mode()

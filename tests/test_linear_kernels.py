@@ -28,7 +28,7 @@ def _own_record(tmp_path, monkeypatch):
 def test_onednn_linear_equals_nn_linear(from_rows, bias):
     torch.manual_seed(0)
     lin = nn.Linear(48, 80, bias=bias)
-    fast = OneDNNLinear(lin, from_rows)
+    fast = OneDNNLinear.from_linear(lin, from_rows)
     for shape in [(1, 48), (3, 48), (2, 5, 48), (4, 7, 48)]:
         x = torch.randn(shape)
         torch.testing.assert_close(fast(x), lin(x), rtol=1e-5, atol=1e-5)
@@ -37,6 +37,19 @@ def test_onednn_linear_equals_nn_linear(from_rows, bias):
     state = fast.state_dict()  # the checkpoint's names and layout, read back from the reordered weight
     assert set(state) == set(lin.state_dict()) and torch.equal(state["weight"], lin.weight)
     assert (fast.weight is None) == (from_rows == 1)  # the plain copy is kept only for the few-row path
+
+
+def test_a_large_weight_is_reordered_in_blocks(monkeypatch):
+    """Above BLOCK_BYTES the weight is reordered (and multiplied) in blocks of output rows, so a
+    load never holds a second whole copy of an 8B model's head: same outputs, same state dict."""
+    monkeypatch.setattr(dispatch, "BLOCK_BYTES", 4 * 48 * 16)  # 16 rows of 48 inputs per block
+    torch.manual_seed(0)
+    lin = nn.Linear(48, 70)
+    fast = OneDNNLinear.from_linear(lin)
+    assert len(fast._blocks) == 5 and fast.packed_bytes == 4 * 48 * 70
+    x = torch.randn(2, 3, 48)
+    torch.testing.assert_close(fast(x), lin(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.state_dict()["weight"], lin.weight)
 
 
 def test_crossover_rule():

@@ -48,7 +48,7 @@ def test_every_family_runs_in_int8_with_close_logits(tmp_path, family):
             a, b = f.model(ids, pos), q.model(ids, pos)
         assert (a - b).abs().mean() <= 0.08 * a.abs().max()
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
-    params = q.default_params(seed=0) if q.arch.canvas_length else q.default_params(gen_length=8)
+    params = q.default_params(seed=0, gen_length=16) if q.arch.canvas_length else q.default_params(gen_length=8)
     assert len(q.generate([[5, 9, 13]], params).results[0].raw_ids) > 0
 
 
@@ -102,17 +102,18 @@ def test_quantize_errors_name_the_value(monkeypatch):
 
 
 def test_lean_loading_holds_no_float_copy(tmp_path):
-    """A bf16 checkpoint (LLaDA layout, sharded) loads into int8 and into float32 with the peak
-    resident memory of the load within 1.3x of what the loaded model holds: tensors are read in
-    row chunks and converted (or quantized) into their final form, never whole in float32 (that
+    """A bf16 checkpoint (LLaDA layout, sharded) loads into int8 and into float32 (on either
+    kernel: oneDNN's reorders come first) with the peak resident memory of the load within 1.3x
+    of what the loaded model holds: tensors are read in row chunks and converted (or quantized)
+    into their final form, never whole in float32 (that
     copy alone is 4x the int8 layers: quantizing after a float32 load measured 1.53x here)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import lean_load
 
     folder = tmp_path / "ckpt"
     lean_load.write_checkpoint(folder, layers=4, d=768, heads=12, ff=3072, vocab=2048, shard_bytes=24 << 20)
-    for quantize in ("int8", None):
-        r = lean_load.measure(folder, quantize, "default")
+    for quantize, kernel in (("int8", "default"), ("int8", "auto"), (None, "auto")):
+        r = lean_load.measure(folder, quantize, kernel)
         assert r["peak_over_after"] <= 1.3, r
     assert r["model_bytes"] >= 0.9 * 4 * (4 * (4 * 768 * 768 + 3 * 768 * 3072) + 2 * 2048 * 768)  # float32 held
 
@@ -185,3 +186,16 @@ def test_experts_are_quantized_as_read(tmp_path, family):
         h = torch.randn(3, x.shape[2])
         for e in range(x.shape[0]):
             assert torch.equal(x.layers[e](h), y.layers[e](h))
+
+
+def test_caches_and_compat_modes_on_int8(tmp_path):
+    """Decoding is unchanged in shape on an int8 model: every cache, and the reference modes that
+    run their own loop over the same (quantized) model."""
+    path = write_llada(tmp_path / "m")
+    q = LLM(path, quantize="int8")
+    ids = [[5, 9, 13, 2, 7], [4, 8, 3, 6, 10]]  # equal lengths: the references do not mask padding
+    base = {"gen_length": 16, "block_length": 8, "steps": 16}
+    for kw in ({"cache": "none"}, {"cache": "prefix"}, {"cache": "dual"}, {"cache": "adaptive"},
+               {"compat": "llada"}, {"compat": "fast-dllm", "cache": "dual", "policy": "threshold", "threshold": 0.9}):
+        out = q.generate(ids, {**base, **kw})
+        assert [len(r.raw_ids) for r in out.results] == [16, 16], kw

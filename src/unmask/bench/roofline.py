@@ -188,7 +188,7 @@ def measure_cpu(seconds: float = 0.5, weights: str = "float32") -> Hardware:
 
         layers = {"float32 (default)": lin}
         if onednn_available():
-            layers["float32 (oneDNN)"] = OneDNNLinear(lin)
+            layers["float32 (oneDNN)"] = OneDNNLinear.from_linear(lin)
     x = torch.randn(rows, size)
     best = {}
     with torch.no_grad():

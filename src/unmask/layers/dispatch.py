@@ -31,6 +31,8 @@ from torch import nn
 KERNELS = ("auto", "default", "onednn")
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 NEVER = 1 << 62  # from_rows of a layer that stays on the default kernel
+BLOCK_BYTES = 512 << 20  # a weight larger than this is reordered (and multiplied) in blocks of rows (at 256 MB the
+# blocks cost an 8B head ~8 % at one row; at 512 MB nothing measurable)
 
 
 def onednn_available() -> bool:
@@ -41,25 +43,42 @@ class OneDNNLinear(nn.Module):
     """nn.Linear's forward through oneDNN over a once-reordered weight, for inputs of at least
     `from_rows` rows; fewer rows go through F.linear on the plain weight (kept only then)."""
 
-    def __init__(self, linear: nn.Linear, from_rows: int = 1) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, from_rows: int = 1) -> None:
         super().__init__()
-        w = linear.weight.detach()
+        w = weight.detach()
         self.in_features, self.out_features, self.from_rows = w.shape[1], w.shape[0], from_rows
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+        # a large weight (an 8B model's 2 GB head) is reordered in blocks of output rows: the
+        # reorder's own copies are one block's, not the whole weight's (lean loading)
+        step = max(1, BLOCK_BYTES // (4 * w.shape[1]))
+        self._blocks = [torch.ops.mkldnn._reorder_linear_weight(w[i : i + step], None)
+                        for i in range(0, w.shape[0], step)]
         self.register_buffer("weight", w if from_rows > 1 else None, persistent=False)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
-        self._forward_hooks.update(linear._forward_hooks)  # e.g. a row-parallel all-reduce
+        self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
+
+    @property
+    def packed_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._blocks)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, from_rows: int = 1) -> "OneDNNLinear":
+        out = cls(linear.weight, linear.bias, from_rows)
+        out._forward_hooks.update(linear._forward_hooks)  # e.g. a row-parallel all-reduce
+        return out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         """The checkpoint's names and plain layout (the reordered weight read back: a copy)."""
-        destination[prefix + "weight"] = self.weight if self.weight is not None else self._packed.to_dense()
+        destination[prefix + "weight"] = (self.weight if self.weight is not None
+                                          else torch.cat([b.to_dense() for b in self._blocks]))
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() >= self.from_rows * self.in_features:
             with torch.no_grad():  # inference only: no gradient flows through the reordered weight
-                return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+                if len(self._blocks) == 1:
+                    return torch.ops.mkldnn._linear_pointwise(x, self._blocks[0], self.bias, "none", [], "")
+                y = torch.cat([torch.ops.mkldnn._linear_pointwise(x, b, None, "none", [], "") for b in self._blocks], -1)
+                return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -157,24 +176,26 @@ def _targets(model: nn.Module, skip) -> list:
             and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
 
 
+def plan_for(weight: torch.Tensor) -> int:
+    """from_rows for a float32 weight of this shape: this machine's record, or measured on it now
+    (and recorded)."""
+    data = _read_cache()
+    known = data.setdefault(machine_key(), {})
+    tag = f"{weight.shape[1]}x{weight.shape[0]}"
+    if tag not in known:
+        known[tag] = measure(weight.detach())
+        _write_cache(data)
+    return int(known[tag]["from_rows"])
+
+
 def choices(model: nn.Module, skip=routers) -> dict:
     """{(in, out): from_rows} for the float32 nn.Linear layers of `model`, from the machine's record,
     measuring (and recording) the shapes it lacks."""
-    data = _read_cache()
-    key = machine_key()
-    known = data.setdefault(key, {})
-    out, changed = {}, False
-    for name, m in _targets(model, skip):
+    out = {}
+    for _, m in _targets(model, skip):
         shape = (m.in_features, m.out_features)
-        if shape in out:
-            continue
-        tag = f"{shape[0]}x{shape[1]}"
-        if tag not in known:
-            known[tag] = measure(m.weight.detach())
-            changed = True
-        out[shape] = int(known[tag]["from_rows"])
-    if changed:
-        _write_cache(data)
+        if shape not in out:
+            out[shape] = plan_for(m.weight)
     return out
 
 
@@ -189,6 +210,6 @@ def use_kernels(model: nn.Module, kernel: str = "auto", skip=routers) -> int:
     plan = {} if kernel == "onednn" else choices(model, skip)
     targets = [(name, m) for name, m in _targets(model, skip) if plan.get((m.in_features, m.out_features), 1) < NEVER]
     for name, m in targets:
-        replace(model, name, OneDNNLinear(m, plan.get((m.in_features, m.out_features), 1)))
+        replace(model, name, OneDNNLinear.from_linear(m, plan.get((m.in_features, m.out_features), 1)))
         m.weight = None
     return len(targets)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning
 from unmask.layers.dispatch import replace
@@ -135,7 +136,8 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         check_quantize(quantize, device, torch_dtype)
         if on_cpu:
             lean = targets(model, head)
-    model = _fill(model, folder, files, device, torch_dtype, tp, lean)
+    model = _fill(model, folder, files, device, torch_dtype, tp, lean,
+                  kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default")
     if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
@@ -199,10 +201,13 @@ def check_quantize(quantize, device, dtype) -> None:
                           param="quantize")
 
 
-def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = ()):
+def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = (), kernel: str = "default"):
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
     present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
-    layers named in `int8` are quantized weight by weight as they are read (unmask.layers.quant)."""
+    layers named in `int8` are quantized weight by weight as they are read (unmask.layers.quant);
+    with `kernel` "auto" or "onednn" (float32 on CPU) the others move to oneDNN as each is read
+    (unmask.layers.dispatch), those first, so the one extra copy a reorder makes comes while
+    little else is resident."""
     expected = {k: v.shape for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected))
@@ -216,9 +221,6 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
         local = set(model.state_dict())
         files = {k: f for k, f in files.items() if k in local}
     state = {}
-    by_file: dict[Path, list[str]] = {}
-    for k, f in files.items():
-        by_file.setdefault(f, []).append(k)
     quantized: dict = {}
     convert = None
     if int8:
@@ -241,9 +243,43 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
                                        else Int8Linear.from_weight(t, None))
             return True
 
-    for f, keys in by_file.items():
+    adopt, reordered, plain = None, {}, {}
+    if kernel != "default":
+        from unmask.layers.dispatch import NEVER, OneDNNLinear, onednn_available, plan_for, routers
+
+        skip = set(int8)
+        plain = {f"{n}.weight": n for n, m in model.named_modules()
+                 if isinstance(m, nn.Linear) and n not in skip and not routers(n)} if onednn_available() else {}
+
+        def adopt(k, t) -> bool:
+            """Whether float weight `k` (read whole) moves to oneDNN now, its plain copy freed."""
+            if k not in plain:
+                return False
+            from_rows = 1 if kernel == "onednn" else plan_for(t)
+            if from_rows >= NEVER:
+                return False
+            reordered[plain[k]] = OneDNNLinear(t, None, from_rows)
+            return True
+
+    # reading order: the weights oneDNN reorders first (a reorder holds its plain copy beside the
+    # new one: best while little else is resident), then the rest, largest first; runs of keys
+    # of one shard each go through one opening of it
+    order = sorted(files, key=lambda k: (k not in plain, -math.prod(expected[k])))
+    runs: list[tuple[Path, list[str]]] = []
+    for k in order:
+        if runs and runs[-1][0] == files[k]:
+            runs[-1][1].append(k)
+        else:
+            runs.append((files[k], [k]))
+    for f, keys in runs:
         _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
-                                                                              dtype, specs, convert))
+                                                                              dtype, specs, convert, adopt))
+    for name, q in reordered.items():
+        like = model.get_submodule(name)
+        bias = state.pop(f"{name}.bias", None)
+        q.bias = None if bias is None else bias
+        q._forward_hooks.update(like._forward_hooks)
+        replace(model, name, q)
     for name, q in quantized.items():
         like = model.get_submodule(name)
         bias = state.pop(f"{name}.bias", None)
@@ -252,7 +288,7 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
         replace(model, name, q)
     if int8 and experts:
         install_experts(model, experts, expert_rows)
-    result = model.load_state_dict(state, strict=not quantized, assign=True)
+    result = model.load_state_dict(state, strict=not (quantized or reordered or int8), assign=True)
     if result.missing_keys or result.unexpected_keys:  # the names were checked above: a bug, said plainly
         raise CheckpointError(f"{folder}: weights left unplaced {_few(result.missing_keys + result.unexpected_keys)}")
     return model.eval()
@@ -289,11 +325,11 @@ def check_split(path: str | Path, world: int) -> None:
 
 
 _FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-CHUNK_BYTES = 32 << 20  # rows are read, checked and converted this many source bytes at a time
+CHUNK_BYTES = 16 << 20  # rows are read, checked and converted this many source bytes at a time
 
 
 def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict,
-                convert=None) -> None:
+                convert=None, adopt=None) -> None:
     """Read `keys` of shard `f` into `state` (or, for the weights `convert` takes, into it): whole
     tensors in chunks of rows by plain reads, each chunk converted into the final tensor, so a load
     never holds a tensor twice nor maps a shard's pages into memory; this rank's slices (`specs`)
@@ -317,7 +353,9 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                     t = torch.zeros(shape) if spec is ZERO else read_slice(sl, spec)
                     _check_finite(f, k, t)
                     if convert is None or not convert(k, t):
-                        state[k] = t.to(device=device, dtype=dtype)
+                        t = t.to(device=device, dtype=dtype)
+                        if adopt is None or not adopt(k, t):
+                            state[k] = t
                     continue
                 begin, end = header[k]["data_offsets"]
                 if convert is not None and convert(k, None):  # int8: quantized row chunk by row chunk
@@ -330,6 +368,7 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
 
                     _read_rows(fh, f, k, base + begin, end - begin, rows2d, _FLOATS[kind], into)
                     convert(k, (q, scale))
+                    del q, scale, into
                     continue
                 out = torch.empty(shape, dtype=dtype)
                 flat = out.view(shape[0] if shape else 1, -1)
@@ -338,7 +377,10 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                     flat[i : i + len(rows)] = rows
 
                 _read_rows(fh, f, k, base + begin, end - begin, shape, _FLOATS[kind], into)
-                state[k] = out.to(device)
+                out = out.to(device)
+                if adopt is None or not adopt(k, out):
+                    state[k] = out
+                del out, flat, into  # an adopted tensor's plain copy goes now, before the next is read
 
 
 def _header(f: Path) -> tuple[int, dict]:
