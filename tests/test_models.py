@@ -9,6 +9,9 @@ from unmask.cache.kv import StaticKV
 from unmask.models import load_model
 
 
+pytestmark = pytest.mark.usefixtures("plain_kernel")  # references at 1e-5: both sides on F.linear
+
+
 def _full(model, x):
     pos = torch.arange(x.shape[1])[None].expand_as(x)
     return model(x, pos)

@@ -151,6 +151,7 @@ def test_drafter_pairing_is_checked(tmp_path, qwen3, embedded_ar):
         check_pair(other.config, target.config)
 
 
+@pytest.mark.usefixtures("plain_kernel")  # a reference at 1e-5
 def test_training_writes_the_release_layout_and_resumes(tmp_path):
     """`unmask train --kind dflash` (a few steps): the checkpoint loads through unmask's loader and
     through z-lab's own DFlashDraftModel with equal hidden states; a run split by --until and
