@@ -115,8 +115,7 @@ class Int8Bank:
         self.weight_bytes = sum(m.weight_bytes for m in self.layers)
 
     def grouped(self, x: torch.Tensor, offs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        ends = offs.tolist()  # one host sync per layer and step, as the grouped multiply's own fallback
-        starts = [e - c for e, c in zip(ends, counts.tolist())]
+        starts, ends = torch.stack([offs - counts, offs]).tolist()  # one host sync per layer and step
         outs = [self.layers[e](x[a:b]) for e, (a, b) in enumerate(zip(starts, ends)) if b > a]
         return torch.cat(outs) if outs else x.new_zeros(0, self.shape[1])
 
