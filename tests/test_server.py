@@ -131,6 +131,31 @@ def test_errors_in_openai_shape(server, body, status, needle):
 def test_malformed_json_is_400(server):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "error" in r.json()
+    assert r.json()["error"]["param"] == "body" and r.json()["error"]["message"].startswith("body: not valid JSON")
+
+
+@pytest.mark.parametrize("field,value", [("stream", "yes"), ("stream", 1), ("max_tokens", True), ("max_tokens", "8"),
+                                         ("temperature", "0"), ("n", 1.5), ("seed", False), ("ignore_eos", "true"),
+                                         ("gen_length", 24.0), ("threshold", True), ("policy", 3)])
+def test_wire_types_are_strict(server, field, value):
+    """OpenAI refuses these as type errors; so does unmask (pydantic's strict mode)."""
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": PROMPTS[0], field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == field, r.text
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": PROMPTS[0]}], field: value})
+    assert r.status_code == 400, r.text
+
+
+def test_huge_prompt_is_refused_before_tokenising(server):
+    t0 = time.monotonic()
+    big = "copy : red 4 owl " * 600_000  # ~10 MB
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": big}, timeout=60)
+    assert r.status_code == 400 and "characters" in r.json()["error"]["message"], r.text
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": big}]},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    assert time.monotonic() - t0 < 10
 
 
 def test_api_key(llm):
@@ -271,6 +296,16 @@ def test_fuzzed_bodies_never_500(server, body):
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:
         assert "error" in r.json()
+    else:  # accepted: every value had its field's JSON type (no bool as a number, no string as a bool)
+        for k, v in body.items():
+            if v is None:
+                continue
+            if k in ("max_tokens", "seed", "n", "top_k", "block_length", "gen_length", "steps"):
+                assert isinstance(v, int) and not isinstance(v, bool), (k, v)
+            elif k in ("temperature", "top_p", "threshold", "gamma"):
+                assert isinstance(v, (int, float)) and not isinstance(v, bool), (k, v)
+            elif k == "stream":
+                assert isinstance(v, bool), (k, v)
     assert httpx.get(server.url + "/health").status_code == 200
 
 

@@ -20,9 +20,14 @@ from functools import lru_cache
 from unmask.cache import CACHES
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig
+from unmask.reference.modes import get_mode
 from unmask.params import PARAM_FIELDS, RENOISE_COMPAT, RENOISE_KNOBS, SHAPE, GenerationParams
 
 AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop")  # what an autoregressive model honours
+# what a renoising model's sampler reads (DiffusionGemma's generate: whole canvases, its own schedule);
+# policy "entropy" and temperature 0 are what it runs, so they may be named too
+RENOISE_FIELDS = ("gen_length", "seed", "gamma", "compat", *RENOISE_KNOBS)
+_RENOISE_SAME = {"policy": "entropy", "temperature": 0.0}
 _REFERENCE = GenerationParams()
 _AR = {"policy": "fixed", "cache": "causal", "refresh_interval": None, "remasking": "low_confidence", "confidence": "prob"}
 _KIND_TEXT = {"full": "this model attends over the whole canvas",
@@ -33,15 +38,35 @@ _SUITS_TEXT = {("block",): "is exact only for block-diffusion models (config bd_
                ("causal",): "is a causal model's exact KV cache (the AR twin's)"}
 
 
-def _accept_renoising(params: GenerationParams, arch: ArchConfig, engine: bool) -> GenerationParams:
+_RENOISE_HINT = {"temperature": " (its temperature falls from t_max to t_min)",
+                 "steps": " (use max_denoising_steps, per canvas)"}
+
+
+def refuse_unused_renoising(given: dict, arch: ArchConfig) -> None:
+    """An UnmaskError naming the fields a renoising model's sampler would not use (None: not given)."""
+    wrong = sorted(f for f, v in given.items() if v is not None and f not in RENOISE_FIELDS
+                   and v != _RENOISE_SAME.get(f, object()))
+    if wrong:
+        shown = ", ".join(f"{f} {given[f]!r}" for f in wrong)
+        raise UnmaskError(f"{shown}: not used by a renoising model{_RENOISE_HINT.get(wrong[0], '')}; this "
+                          f"{arch.family} model rewrites whole canvases with its own sampler and takes "
+                          f"{', '.join(RENOISE_FIELDS)}", param=wrong[0])
+
+
+def _accept_renoising(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
+                      engine: bool) -> GenerationParams:
     """A renoising model (DiffusionGemma) runs its own sampler, natively (the engine) or as its
     reference's batch (compat diffusion-gemma): the same settings, checked by that mode, its
-    defaults filled in; masked-diffusion settings are refused by name."""
+    defaults filled in; masked-diffusion settings (a policy, blocks, a cache...) are refused by
+    name, given or not different from the reference setting."""
     if params.compat not in (None, RENOISE_COMPAT):
         raise UnmaskError(f"compat {params.compat!r} reproduces a masked diffusion sampler; this {arch.family} model "
                           f"is a renoising model (its own sampler, or compat {RENOISE_COMPAT!r})", param="compat")
-    if engine and params.compat is not None:
-        raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
+    if given is None:  # what differs from the reference setting (a canvas-wide block is the canvas)
+        given = frozenset(f for f in PARAM_FIELDS if getattr(params, f) != getattr(_REFERENCE, f)
+                          and f not in ("gen_length", "steps")
+                          and not (f == "block_length" and params.block_length == params.gen_length))
+    refuse_unused_renoising({f: getattr(params, f) for f in given}, arch)
     try:
         checked = replace(params, compat=RENOISE_COMPAT).check()
     except UnmaskError as e:  # natively, name the model, not a mode the caller did not ask for
@@ -79,10 +104,9 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
                               f"forward with its KV cache); it takes {', '.join(AR_FIELDS)}", param=wrong[0])
         return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
     if arch.canvas_length:
-        return _accept_renoising(params, arch, engine)
-    if params.compat == RENOISE_COMPAT:
-        raise UnmaskError(f"compat {RENOISE_COMPAT!r} reproduces DiffusionGemma's generate; this is a {arch.family} "
-                          "model", param="compat")
+        return _accept_renoising(params, arch, given, engine)
+    if params.compat is not None:  # the mode's family before its settings
+        get_mode(params.compat).check_family(arch.family)
     for name in RENOISE_KNOBS:
         if getattr(params, name) is not None:
             raise UnmaskError(f"{name} {getattr(params, name)} is a setting of a renoising model's sampler "

@@ -13,10 +13,11 @@ from unmask.tokenizer import Tokenizer
 
 
 def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = None,
-           unknown_words: str = "error") -> list[list[int]]:
+           unknown_words: str = "error", max_positions: int | None = None) -> list[list[int]]:
     """Text prompts as token ids. Words the tokenizer cannot represent (it would read them as its
     unknown token) are named in an error, or with unknown_words="ignore" let through (the
-    evaluation harnesses count them and warn once per run)."""
+    evaluation harnesses count them and warn once per run). With `max_positions`, text longer
+    than any tokenisation of that many positions is refused before it is tokenised."""
     if unknown_words not in ("error", "ignore"):
         raise UnmaskError(f"unknown_words {unknown_words!r} must be 'error' or 'ignore'")
     if isinstance(prompts, str):
@@ -30,6 +31,8 @@ def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = N
             raise UnmaskError(f"prompt {r} is a {type(p).__name__}; prompts are all strings or all lists of token ids")
         if not p.strip():
             raise UnmaskError(f"prompt {r} is empty")
+        if max_positions is not None:
+            tokenizer.check_length(p, max_positions, f"prompt {r}" if len(prompts) > 1 else "prompt")
         unknown = tokenizer.unknown_words(p) if unknown_words == "error" else []
         if unknown:
             raise UnmaskError(f"prompt {r}: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}"
@@ -38,10 +41,11 @@ def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = N
     return out
 
 
-def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str) -> list[list[int]]:
+def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str,
+               max_positions: int | None = None) -> list[list[int]]:
     """Any accepted form of prompts -> a list of token-id lists."""
     if isinstance(prompts, str):
-        return encode(tokenizer, prompts, chat, unknown_words)
+        return encode(tokenizer, prompts, chat, unknown_words, max_positions)
     if isinstance(prompts, torch.Tensor):
         if prompts.dtype.is_floating_point or prompts.dtype == torch.bool or prompts.dim() not in (1, 2):
             raise UnmaskError(f"a tensor of prompts must hold integer ids in 1 or 2 dimensions, not {prompts.dtype} "
@@ -54,7 +58,7 @@ def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str) -> list[
         raise UnmaskError("no prompts given")
     kinds = [isinstance(p, str) for p in prompts]
     if all(kinds):
-        return encode(tokenizer, list(prompts), chat, unknown_words)
+        return encode(tokenizer, list(prompts), chat, unknown_words, max_positions)
     if any(kinds):
         r = kinds.index(False)
         raise UnmaskError(f"prompts mix text and token ids (prompt {r} is a {type(prompts[r]).__name__}); "

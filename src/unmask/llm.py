@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from unmask.accept import accept
+from unmask.accept import accept, refuse_unused_renoising
 from unmask.engine import Engine, EngineConfig
 from unmask.engine.renoise import RenoiseEngine
 from unmask.engine.speculative import SpecEngine
@@ -21,12 +21,14 @@ from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
-from unmask.models.loader import check_linear_kernel, check_split, load_model, read_json
+from unmask.models.loader import (DTYPES, check_linear_kernel, check_quantize, check_split, load_model,
+                                  read_json, resolve_dtype)
+from unmask.models.registry import resolve_family
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
-from unmask.reference.modes import get_mode
+from unmask.reference.modes import COMPAT_MODES, get_mode
 from unmask.reference import run_reference
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
@@ -78,6 +80,40 @@ class LLM:
             self.ranks.loaded(error)  # raises the first rank's error
         else:
             self._load(dtype, device, None)
+
+    @staticmethod
+    def check_args(model=None, dtype: str | None = None, device: str = "cpu", tensor_parallel: int = 1,
+                   draft=None, quantize: str | None = None, linear_kernel: str | None = None) -> Path:
+        """What LLM(...) with these arguments checks before it loads anything, without loading
+        (for processes that load elsewhere: Ray Serve replicas, Ray Data actors); the device is
+        checked by name only, since it is another machine's. Returns the model folder."""
+        path = resolve_model_path(model)
+        if not path.is_dir():
+            raise UnmaskError(f"model folder {path} does not exist", param="model")
+        cfg = read_json(path / "config.json")
+        resolve_family(cfg)
+        check_linear_kernel(linear_kernel)
+        world = check_world(tensor_parallel)
+        if draft is not None:
+            draft_path = resolve_model_path(draft)
+            if not (draft_path / "config.json").is_file():
+                raise UnmaskError(f"draft folder {draft_path} has no config.json", param="draft")
+            if world > 1:
+                raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
+                                  f"tensor_parallel {tensor_parallel}", param="draft")
+        if dtype is not None and dtype != "auto" and dtype not in DTYPES:
+            raise UnmaskError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}", param="dtype")
+        if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda", "mps"):
+            raise UnmaskError(f"device {device!r} is not supported; use cpu or cuda", param="device")
+        if quantize is not None:
+            torch_device = "cpu" if device.startswith("cpu") else None
+            if torch_device is not None:  # a GPU's quantization is checked where the GPU is
+                check_quantize(quantize, torch_device, resolve_dtype(dtype, check_device("cpu")))
+            elif quantize not in ("int8", "fp8"):
+                raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose int8 or fp8", param="quantize")
+        if world > 1:
+            check_split(path, world)
+        return path
 
     def _load_drafter(self, dtype: str | None, device) -> None:
         from unmask.models.dflash import check_pair
@@ -159,11 +195,14 @@ class LLM:
         unmask's fast defaults. A renoising model's sampler settings come from its checkpoint."""
         keys = get_mode(RENOISE_COMPAT).model_keys if self.arch.canvas_length else ()
         if keys:  # its sampler is the entropy bound; masked samplers' references do not apply
-            given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
-            if given.get("compat", RENOISE_COMPAT) != RENOISE_COMPAT:
+            if given.get("compat", RENOISE_COMPAT) not in (None, RENOISE_COMPAT):
                 raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
                                   f"{self.arch.family} model is a renoising model (its own sampler, or compat "
                                   f"{RENOISE_COMPAT!r})", param="compat")
+            refuse_unused_renoising(given, self.arch)
+            given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
+        elif isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
+            get_mode(given["compat"]).check_family(self.arch.family)  # before its settings: a default may not fit it
         return resolve_params(given, self.generation_defaults, fast and not self.arch.causal and not keys,
                               block_size=self.arch.block_size, model_keys=keys)
 
@@ -173,7 +212,7 @@ class LLM:
 
     def encode(self, prompts: str | list[str], chat: bool | None = None, unknown_words: str = "error") -> list[list[int]]:
         """Text prompts as token ids (unmask.inputs.encode)."""
-        return encode(self.tokenizer, prompts, chat, unknown_words)
+        return encode(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
 
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
                  chat: bool | None = None, unknown_words: str = "error") -> BatchOutput:
@@ -186,7 +225,7 @@ class LLM:
             params = self.default_params(**params)
         else:
             params = self.accept(params)
-        ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words)
+        ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
         if self.ranks is not None:  # every rank runs the same generation over its shard
             return run_spmd(self.ranks, ("generate", ids, params), lambda: self._generate_ids(ids, params))

@@ -9,10 +9,18 @@ from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 
 ASSETS = Path(__file__).parent / "assets"
-EMBEDDED = {"default": ASSETS / "default", "default-ar": ASSETS / "default-ar", "default-block": ASSETS / "default-block",
-            "default-edit": ASSETS / "default-edit", "default-renoise": ASSETS / "default-renoise",
-            "default-dflash": ASSETS / "default-dflash"}  # the AR twin's DFlash drafter (LLM(..., draft=))
-_NAMES = "'default', 'default-ar', 'default-block', 'default-edit', 'default-renoise', 'default-dflash'"
+# the models the package ships (trained by this project, 4 layers, d_model 256, the task-suite
+# vocabulary): name -> what it is, one line (`unmask models`, --model's help)
+EMBEDDED_ABOUT = {
+    "default": "masked diffusion (LLaDA layout), full attention; the CLI's model when --model is not given",
+    "default-ar": "its autoregressive twin (same data, size and tokenizer): the AR baseline",
+    "default-block": "block diffusion (blocks of 8, exact KV cache of finished blocks)",
+    "default-edit": "default-block trained to edit committed tokens (--edit-threshold, docs/editing.md)",
+    "default-renoise": "a renoising model in DiffusionGemma's layout (docs/diffusion-gemma.md)",
+    "default-dflash": "DFlash drafter for default-ar (--draft default-dflash, docs/speculative.md)",
+}
+EMBEDDED = {name: ASSETS / name for name in EMBEDDED_ABOUT}
+_NAMES = ", ".join(repr(n) for n in EMBEDDED_ABOUT)
 
 
 def resolve_model_path(model: str | Path | None) -> Path:

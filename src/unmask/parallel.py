@@ -23,6 +23,7 @@ rank, instead of waiting forever. The group cannot continue with a rank missing.
 """
 
 import atexit
+import math
 import os
 import socket
 import threading
@@ -36,7 +37,25 @@ import torch.distributed as dist
 from unmask.errors import UnmaskError
 from unmask.layers.parallel import TensorParallel
 
-TIMEOUT = timedelta(seconds=float(os.environ.get("UNMASK_TP_TIMEOUT", "300")))
+DEFAULT_TIMEOUT_S = 300.0  # a collective that waits longer fails (a dead rank is usually seen at once)
+
+
+def tp_timeout() -> timedelta:
+    """The collectives' timeout: UNMASK_TP_TIMEOUT seconds (a number > 0), else 300; read when a group
+    starts, so a bad value is an UnmaskError naming it, not a crash at import."""
+    text = os.environ.get("UNMASK_TP_TIMEOUT")
+    if text is None or not text.strip():
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UnmaskError(f"UNMASK_TP_TIMEOUT {text!r} must be a number of seconds > 0 (default "
+                          f"{DEFAULT_TIMEOUT_S:g})", param="tensor_parallel")
+    return timedelta(seconds=seconds)
+
+
 _ACTIVE: list = []  # the Ranks of this process (one group at a time: torch.distributed's default group)
 
 
@@ -91,13 +110,14 @@ class Ranks:
         if dist.is_available() and dist.is_initialized():
             raise UnmaskError("torch.distributed is already initialised in this process; unmask starts its own "
                               "group (or run under torchrun)", param="tensor_parallel")
+        timeout = tp_timeout()  # a bad UNMASK_TP_TIMEOUT is named before any process starts
         procs = []
         if launched_by_torchrun():
             if int(os.environ["WORLD_SIZE"]) != world:
                 raise UnmaskError(f"tensor_parallel {world} differs from torchrun's WORLD_SIZE "
                                   f"{os.environ['WORLD_SIZE']}", param="tensor_parallel")
             rank = int(os.environ["RANK"])
-            dist.init_process_group(_backend(device), timeout=TIMEOUT)
+            dist.init_process_group(_backend(device), timeout=timeout)
             if rank:
                 _serve(rank, world, device, worker_args)
                 raise SystemExit(0)
@@ -112,7 +132,7 @@ class Ranks:
                 procs.append(p)
             try:
                 dist.init_process_group(_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                        world_size=world, timeout=TIMEOUT)
+                                        world_size=world, timeout=timeout)
             except Exception as e:
                 for p in procs:
                     p.kill()
@@ -268,7 +288,7 @@ def _worker_main(rank: int, world: int, port: int, device: torch.device, threads
     torch.set_num_threads(threads)
     try:
         dist.init_process_group(_backend(device), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=TIMEOUT)
+                                world_size=world, timeout=tp_timeout())
     except Exception:
         raise SystemExit(3) from None
     _serve(rank, world, device, worker_args)

@@ -13,7 +13,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from unmask.errors import CheckpointError
+from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.loader import read_json
 
@@ -37,6 +37,7 @@ class Tokenizer:
         self.config = config
         self.chat_template = chat_template
         self._template = None
+        self._longest: int | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -63,6 +64,22 @@ class Tokenizer:
         elif isinstance(config.get("chat_template"), str):
             template = config["chat_template"]
         return cls(tok, config, template)
+
+    @property
+    def longest_token(self) -> int:
+        """Characters in the longest vocabulary entry (at least 1): no token covers more text."""
+        if self._longest is None:
+            self._longest = max([len(t) for t in self.tok.get_vocab(with_added_tokens=True)] + [1])
+        return self._longest
+
+    def check_length(self, text: str, positions: int, where: str = "prompt") -> None:
+        """Text longer than `positions` tokens of the longest vocabulary entry (4 characters at
+        least) cannot fit the model and is refused before it is tokenised (a 10 MB prompt would
+        otherwise take seconds to read and then fail anyway)."""
+        limit = positions * max(self.longest_token, 4)
+        if len(text) > limit:
+            raise UnmaskError(f"{where} has {len(text)} characters; this model reads at most {positions} positions "
+                              f"(at most {limit} characters of text)", param=where)
 
     @property
     def vocab_size(self) -> int:

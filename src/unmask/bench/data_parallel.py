@@ -52,7 +52,9 @@ class DataParallelLLM:
         except ImportError as e:
             raise UnmaskError(f"--data-parallel needs Ray Data: pip install 'unmask[ray]' ({e})") from None
         if not ray.is_initialized():  # without an address a new local instance, as `unmask serve` starts
-            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False)
+            from unmask.cluster import init_ray
+
+            init_ray(address)
         self.llm, self.n = llm, n
         cpus = ray.cluster_resources().get("CPU", 1)
         self.actor_cpus = actor_cpus if actor_cpus is not None else max(cpus / n, 0.01)

@@ -359,6 +359,12 @@ def speculative_table(target: Roofline, draft: Roofline, prompt: int, block: int
     projects: counted as block more positions) plus one target forward over the block, and yields
     tau tokens; the target alone takes one forward per token. Rows share each forward's weight
     read (b rows: b x block positions per forward)."""
+    from unmask.errors import UnmaskError
+
+    over = [t for t in taus if not 0 < t <= block]
+    if over:
+        raise UnmaskError(f"tau {over[0]:g}: an acceptance length lies in (0, block {block}] (a verify accepts at "
+                          "most the positions of its block)")
     rows = []
     for b in batches:
         ar = target.step(b, prompt, b)
@@ -521,6 +527,11 @@ def check_setup(prompt: int, gen: int, tau: float, block: int, batches: list[int
             raise UnmaskError(f"--{name} {v} must be a positive integer")
     if not (math.isfinite(tau) and tau > 0):
         raise UnmaskError(f"--tau {tau:g} must be a finite number > 0")
+    if tau > block:  # a forward commits (or a verify accepts) at most the positions it computes
+        raise UnmaskError(f"--tau {tau:g} exceeds --block {block}: a step commits at most the {block} positions it "
+                          "computes (a DFlash verify accepts at most its block)")
+    if tau > gen:
+        raise UnmaskError(f"--tau {tau:g} exceeds --gen {gen}: a request commits {gen} tokens in all")
     if not batches or any(b < 1 for b in batches):
         raise UnmaskError(f"--batches {batches} must be positive integers")
 

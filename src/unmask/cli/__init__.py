@@ -5,7 +5,7 @@ The decoding flags are generated from GenerationParams' fields (unmask.params), 
 has exactly one definition. `generate` runs unmask's fast defaults (what the checkpoint's
 generation_config.json recommends, else threshold 0.9 with DualCache); `eval`, `gsm8k` and
 `humaneval` run the reference setting (one token per step, no cache) unless told otherwise.
-One module per group of commands: decode, train, measure, serve; common holds what they share.
+One module per group of commands: models, decode, train, measure, serve; common holds what they share.
 """
 
 import argparse
@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from unmask.cli import decode, measure, serve, train
+from unmask.cli import decode, measure, models, serve, train
 from unmask.cli.common import Parser, params_from_args
 from unmask.errors import UnmaskError, UnmaskWarning
 
@@ -24,7 +24,7 @@ COMMANDS: dict = {}
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="unmask", description="Fast inference for masked diffusion language models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (decode, train, measure, serve):
+    for group in (models, decode, train, measure, serve):
         for name, fn in group.add_parsers(sub).items():
             COMMANDS.setdefault(name, fn)
     return parser

@@ -5,6 +5,7 @@ import argparse
 import math
 from dataclasses import fields
 
+from unmask.cli.models import model_help
 from unmask.errors import UnmaskError
 from unmask.params import (
     FAST,
@@ -16,8 +17,7 @@ from unmask.params import (
     resolve_params,
 )
 
-MODEL_HELP = ("local checkpoint folder (LLaDA, Dream, Fast-dLLM v2 or SDAR layout); 'default' is the embedded "
-              "model (the default), 'default-ar' its autoregressive twin, 'default-block' its block-diffusion sibling")
+MODEL_HELP = model_help()
 
 
 class Parser(argparse.ArgumentParser):
@@ -148,10 +148,26 @@ def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
                         "local instance)")
 
 
-def data_parallel(llm, a: argparse.Namespace):
-    """`llm`, or with --data-parallel N > 1 the same model on N Ray Data actors."""
+def check_data_parallel(a: argparse.Namespace) -> None:
+    """--data-parallel, --ray-address and what they combine with, checked before anything loads."""
+    from unmask.cluster import parse_ray_address
+
     n = getattr(a, "data_parallel", 1)
     positive("data-parallel", n)
+    address = getattr(a, "ray_address", None)
+    if address is not None and n == 1:
+        raise UnmaskError(f"--ray-address {address!r} is used with --data-parallel N > 1 (one process otherwise)")
+    parse_ray_address(address)
+    if n > 1 and getattr(a, "tensor_parallel", 1) != 1:
+        raise UnmaskError(f"--data-parallel {n} with --tensor-parallel {a.tensor_parallel}: each Ray Data actor "
+                          "holds a whole model in one process; use one of the two (or `unmask serve --replicas N "
+                          "--tensor-parallel M` for replicas of a split model)")
+
+
+def data_parallel(llm, a: argparse.Namespace):
+    """`llm`, or with --data-parallel N > 1 the same model on N Ray Data actors."""
+    check_data_parallel(a)
+    n = getattr(a, "data_parallel", 1)
     if n == 1:
         return llm
     from unmask.bench.data_parallel import DataParallelLLM
@@ -163,7 +179,7 @@ def load_for_eval(a: argparse.Namespace):
     """Model and reference-setting parameters for the evaluation commands."""
     positive("n", a.n)
     positive("batch-size", a.batch_size)
-    positive("data-parallel", getattr(a, "data_parallel", 1))
+    check_data_parallel(a)
     given_params(a)
     llm = load_llm(a)
     return data_parallel(llm, a), params_for(llm, a, fast=False)

@@ -6,7 +6,8 @@ import math
 import sys
 import time
 
-from unmask.cli.common import add_data_parallel_args, data_parallel, parse_tasks, positive, progress_bar
+from unmask.cli.common import (add_data_parallel_args, check_data_parallel, data_parallel, parse_tasks, positive,
+                               progress_bar)
 from unmask.errors import UnmaskError
 from unmask.files import check_figure_path, output_file, output_folder, writable_folder, write_json_atomic
 from unmask.params import GenerationParams
@@ -59,7 +60,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from unmask.llm import default_device
 
     device = a.device or default_device()
-    positive("data-parallel", a.data_parallel)
+    check_data_parallel(a)
     diffusion = data_parallel(LLM(a.model, dtype=a.dtype, device=device), a)
     if a.draft is not None and a.ar_model == "none":
         raise UnmaskError("--draft drafts for the AR twin; give --ar-model (not none)")
@@ -183,6 +184,7 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         bpp = a.bytes_per_param or 2.0
         draft = _replace(model, model=rl.draft_cost(arch, a.draft_layers, a.draft_layers, bpp))
         taus = sorted({a.tau, 2.0, 4.0, 6.0}) if a.tau != ROOFLINE_DEFAULTS["tau"] else (2.0, 4.0, 6.0)
+        taus = [t for t in taus if t <= a.block]  # an acceptance length never exceeds the block verified
         table = rl.speculative_table(model, draft, a.prompt, a.block, taus, batches)
         print(json.dumps(table) if a.json else rl.format_speculative(table, model.hw))
         return 0

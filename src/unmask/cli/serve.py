@@ -1,7 +1,10 @@
 """`unmask serve`."""
 
 import argparse
+import signal
 import sys
+import threading
+import time
 
 from unmask.cli.common import MODEL_HELP, add_draft_args, add_parallel_args, load_llm
 from unmask.errors import UnmaskError
@@ -48,38 +51,102 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
     for flag in ("replica_cpus", "replica_gpus", "target_ongoing_requests"):
         if getattr(a, flag) < 0:
             raise UnmaskError(f"--{flag.replace('_', '-')} {getattr(a, flag)} must not be negative")
-    from unmask.llm import default_device
+    from unmask.cluster import init_ray, parse_ray_address
+    from unmask.llm import LLM, default_device
     from unmask.loading import resolve_model_path
-    from unmask.models.loader import read_json
-    from unmask.models.registry import resolve_family
 
-    path = resolve_model_path(a.model)  # checked here, before any replica starts (each node reads this path)
-    if not path.is_dir():
-        raise UnmaskError(f"model folder {path} does not exist")
-    resolve_family(read_json(path / "config.json"))
+    device = a.device or default_device()
+    # every setting a replica uses is checked here, before Ray starts (each replica reads these paths)
+    path = LLM.check_args(a.model, a.dtype, device, a.tensor_parallel, a.draft, a.quantize, a.linear_kernel)
+    parse_ray_address(a.ray_address)
     model = str(path)
     draft = None if a.draft is None else str(resolve_model_path(a.draft))
-    # without --ray-address a new local instance (never one another program started here)
-    ray.init(address=a.ray_address or "local", include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": a.host, "port": a.port})
     engine = {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
               "max_waiting": config.max_waiting, "scheduling": config.scheduling}
     app = build(model, replicas=a.replicas or 1, min_replicas=a.min_replicas, max_replicas=a.max_replicas,
                 target_ongoing_requests=a.target_ongoing_requests, replica_cpus=a.replica_cpus,
-                replica_gpus=a.replica_gpus, dtype=a.dtype, device=a.device or default_device(),
+                replica_gpus=a.replica_gpus, dtype=a.dtype, device=device,
                 tensor_parallel=a.tensor_parallel, served_model_name=a.served_model_name, api_key=a.api_key,
                 engine=engine, draft=draft, quantize=a.quantize, linear_kernel=a.linear_kernel)
-    print(f"unmask: serving {a.served_model_name} ({model}) on Ray Serve at http://{a.host}:{a.port} "
-          f"({'autoscaled' if a.replicas is None else a.replicas} replicas; Ray at "
-          f"{ray.get_runtime_context().gcs_address})", file=sys.stderr)
+    stop = Shutdown(own_cluster=a.ray_address is None)
     try:
-        serve.run(app, name="unmask", route_prefix="/", blocking=True)
+        signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a Ctrl-C
+        # without --ray-address a new local instance (never one another program started here)
+        init_ray(a.ray_address)
+        serve.start(http_options={"host": a.host, "port": a.port})
+        try:
+            serve.run(app, name="unmask", route_prefix="/", blocking=False)
+        except RuntimeError as e:  # a replica failed to start: its own last words
+            lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+            raise UnmaskError(f"the replicas did not start: {lines[-1] if lines else e}") from None
+        print(f"unmask: serving {a.served_model_name} ({model}) on Ray Serve at http://{a.host}:{a.port} "
+              f"({'autoscaled' if a.replicas is None else a.replicas} replicas; Ray at "
+              f"{ray.get_runtime_context().gcs_address}); Ctrl-C stops it", file=sys.stderr)
+        while True:
+            time.sleep(1.0)
     except KeyboardInterrupt:
         pass
     finally:
-        serve.shutdown()  # graceful: replicas finish their requests within their shutdown timeout
-        ray.shutdown()
+        stop.run()
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class Shutdown:
+    """Ctrl-C (or SIGTERM) ends `serve --replicas` within STOP_S: Serve's graceful shutdown (replicas
+    finish or drop their requests within their own timeout) for at most GRACE_S, then the Ray
+    instance this command started, processes and all; another Ctrl-C meanwhile cuts the grace
+    short. Joined to another cluster (--ray-address), only this application is deleted and the
+    cluster keeps running."""
+
+    GRACE_S = 10.0
+    STOP_S = 20.0
+
+    def __init__(self, own_cluster: bool) -> None:
+        self.own_cluster = own_cluster
+        self.hurry = threading.Event()
+
+    def run(self) -> None:
+        import ray
+        from ray import serve
+
+        t0 = time.monotonic()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.hurry.set())
+        if not ray.is_initialized():
+            return
+
+        def graceful():
+            try:
+                if self.own_cluster:
+                    serve.shutdown()
+                else:
+                    serve.delete("unmask")
+            except Exception:  # the cluster went away first: nothing left to stop gracefully
+                pass
+
+        t = threading.Thread(target=graceful, daemon=True, name="unmask-serve-shutdown")
+        t.start()
+        while t.is_alive() and not self.hurry.is_set() and time.monotonic() - t0 < self.GRACE_S:
+            t.join(0.2)
+        _shutdown_ray(max(1.0, self.STOP_S - (time.monotonic() - t0) - 1.0))
+
+
+def _shutdown_ray(timeout: float) -> None:
+    """ray.shutdown(), which also ends the local instance this process started; bounded: past
+    `timeout` the instance's processes are killed."""
+    import ray
+
+    t = threading.Thread(target=ray.shutdown, daemon=True, name="unmask-ray-shutdown")
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        node = getattr(ray._private.worker, "_global_node", None)
+        if node is not None:
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
 
 
 def add_parsers(sub) -> dict:

@@ -22,11 +22,14 @@ import json
 import os
 import platform
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from unmask.errors import UnmaskWarning
 
 KERNELS = ("auto", "default", "onednn")
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -102,12 +105,30 @@ def cache_path() -> Path:
     return Path(base) / "linear_kernels.json"
 
 
+def _valid_entry(entry) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("from_rows"), int)
+            and not isinstance(entry.get("from_rows"), bool) and entry["from_rows"] >= 1)
+
+
 def _read_cache() -> dict:
+    """The machine's record; a damaged one (not JSON, or an entry of the wrong shape) is a cache,
+    not an input: it is measured again and rewritten, with a warning naming the file."""
+    path = cache_path()
     try:
-        data = json.loads(cache_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return {}
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    ok = isinstance(data, dict) and all(isinstance(known, dict) and all(_valid_entry(e) for e in known.values())
+                                        for known in data.values())
+    if not ok:
+        warnings.warn(f"the linear-kernel cache {path} is damaged (not the record unmask writes); its kernels are "
+                      "measured again and the file rewritten", UnmaskWarning, stacklevel=2)
+        return {}
+    return data
 
 
 def _write_cache(data: dict) -> None:

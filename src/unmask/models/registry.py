@@ -21,6 +21,7 @@ class Family:
     architectures: tuple[str, ...]
     arch: Callable[[dict], ArchConfig]
     cls: type[DiffusionLM]
+    layout: str  # the release whose folder layout it reads (`unmask models`, --model's help)
     # checkpoint tensors the family does not load: key -> why ("vision": a vision tower, skipped
     # with one notice; "tied": a tied duplicate of a loaded weight), or None to load it
     skipped: Callable[[str], str | None] | None = None
@@ -28,20 +29,28 @@ class Family:
 
 FAMILIES = (
     # before LLaDA: LLaDA-MoE releases may say model_type "llada"; their architecture decides
-    Family("llada_moe", ("lladamoe",), ("LLaDAMoEModelLM", "LLaDAMoEModel"), llada_moe_arch, LLaDAMoEModel),
-    Family("llada", ("llada",), ("LLaDAModelLM",), llada_arch, LLaDAModel),
+    Family("llada_moe", ("lladamoe",), ("LLaDAMoEModelLM", "LLaDAMoEModel"), llada_moe_arch, LLaDAMoEModel,
+           "LLaDA-MoE (inclusionAI/LLaDA-MoE-7B-A1B): masked diffusion, mixture of experts"),
+    Family("llada", ("llada",), ("LLaDAModelLM",), llada_arch, LLaDAModel,
+           "LLaDA (GSAI-ML/LLaDA-8B-Instruct / -Base): masked diffusion, full attention"),
     # LLaDA2.0 / 2.1: block-diffusion mixture of experts
-    Family("llada2", ("llada2_moe",), ("LLaDA2MoeModelLM",), llada2_arch, LLaDA2Model),
-    Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel),
+    Family("llada2", ("llada2_moe",), ("LLaDA2MoeModelLM",), llada2_arch, LLaDA2Model,
+           "LLaDA2.0 / 2.1 (inclusionAI/LLaDA2.x-mini / -flash): block diffusion, mixture of experts, editing"),
+    Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel,
+           "Dream (Dream-org/Dream-v0-Instruct-7B): masked diffusion from Qwen2.5"),
     # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
-    Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel),
-    Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel),
+    Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel,
+           "Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_7B): block diffusion from Qwen2.5"),
+    Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel,
+           "SDAR (JetLM/SDAR-*-Chat): block diffusion from Qwen3"),
     # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
     # drafters' configs also say model_type "qwen3"
-    Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, DreamModel),
+    Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, DreamModel,
+           "Qwen3 (Qwen/Qwen3-*): autoregressive, the target of a DFlash drafter"),
     # renoising block diffusion on the Gemma 4 stack (text only)
     Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,
-           DiffusionGemmaModel, skipped_key),
+           DiffusionGemmaModel,
+           "DiffusionGemma (transformers' diffusion_gemma, text only): renoising block diffusion", skipped_key),
 )
 
 
@@ -57,3 +66,12 @@ def resolve_family(cfg: dict) -> Family:
     raise CheckpointError(
         f"config.json: unknown model_type {cfg.get('model_type')!r} (architectures {archs!r}); supported: {known}"
     )
+
+
+def layouts() -> list[tuple[str, str]]:
+    """(what config.json must say, the release it reads) for every family: `unmask models`."""
+    out = []
+    for fam in FAMILIES:
+        says = [f"model_type {t!r}" for t in fam.model_types] + [f"architectures {a!r}" for a in fam.architectures[:1]]
+        out.append((" or ".join(says), fam.layout))
+    return out

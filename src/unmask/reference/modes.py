@@ -79,9 +79,14 @@ class CompatMode:
         if not ok:
             raise UnmaskError(f"compat {p.compat!r} does not support {what}")
 
-    def check_prompts(self, prompts: list[list[int]], family: str) -> None:
+    def check_family(self, family: str) -> None:
+        """The model family first: a mode on another family is refused for that, before any setting."""
         if family not in (self.family, *self.also):
-            raise UnmaskError(f"compat {self.name!r} reproduces {self.reference}; this is a {family} model")
+            raise UnmaskError(f"compat {self.name!r} reproduces {self.reference} on {self.family} models; this is a "
+                              f"{family} model", param="compat")
+
+    def check_prompts(self, prompts: list[list[int]], family: str) -> None:
+        self.check_family(family)
         if self.equal_length_prompts and len({len(p) for p in prompts}) > 1:
             raise UnmaskError(f"compat {self.name!r} needs equal-length prompts (the reference does not mask padding)")
 

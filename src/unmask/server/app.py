@@ -105,6 +105,7 @@ async def _complete(engine: AsyncEngine, llm: LLM, body, ids: list[int], request
 
 
 def _chat_ids(llm: LLM, body: ChatRequest) -> list[int]:
+    llm.tokenizer.check_length("".join(m.content for m in body.messages), llm.arch.max_positions, "messages")
     messages = [{"role": m.role, "content": m.content} for m in body.messages]
     if llm.tokenizer.chat_template is not None:
         try:
@@ -132,6 +133,9 @@ def _handlers(app: FastAPI, api_key: str | None) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
+        if first.get("type") == "json_invalid":  # the body is not JSON: name the body, not a byte offset
+            error = (first.get("ctx") or {}).get("error")
+            return error_response(400, f"body: not valid JSON{f' ({error})' if error else ''}", param="body")
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         return error_response(400, f"{where}: {first.get('msg', 'invalid request')}" if where
                               else first.get("msg", "invalid"), param=where or None)

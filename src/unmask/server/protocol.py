@@ -2,7 +2,7 @@
 GenerationParams' fields, so a new knob is a request field without a line here).
 
 Unknown fields are refused (400) rather than ignored, so a misspelt knob never silently does
-nothing; the OpenAI fields that unmask accepts but cannot honour are listed with the values it
+nothing, and types are strict (a string is not a boolean, a boolean not a number); the OpenAI fields that unmask accepts but cannot honour are listed with the values it
 takes (e.g. `logprobs` only false)."""
 
 from typing import Literal
@@ -13,8 +13,12 @@ from unmask.errors import UnmaskError
 from unmask.params import PARAM_FIELDS, field_type
 
 
+# strict types, as OpenAI's API: "yes" is not a boolean, true is not a number of tokens, "3" is not 3
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool = False
 
 
@@ -27,7 +31,7 @@ EXTRA_FIELDS = tuple(f for f in PARAM_FIELDS if f not in OPENAI_NAMED + NOT_SERV
 
 
 class _OpenAI(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)  # the canvas length (gen_length)
@@ -85,7 +89,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant"]
     content: str
     name: str | None = None

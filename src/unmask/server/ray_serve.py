@@ -39,8 +39,10 @@ def _error(status: int, message: str) -> dict:
     return {"error": {"message": message, "type": "server_error", "param": None, "code": status}}
 
 
+# graceful shutdown: a stopping replica finishes its requests for at most 8 s (then they end with
+# an error), so `unmask serve --replicas` stops within 20 s of Ctrl-C (cli/serve.py's Shutdown)
 @serve.deployment(name="EngineReplica", health_check_period_s=5, health_check_timeout_s=30,
-                  graceful_shutdown_wait_loop_s=1, graceful_shutdown_timeout_s=30, max_ongoing_requests=256)
+                  graceful_shutdown_wait_loop_s=1, graceful_shutdown_timeout_s=8, max_ongoing_requests=256)
 class EngineReplica:
     """One unmask server app and its engine; `handle` runs one HTTP request through the app."""
 
@@ -135,7 +137,8 @@ class EngineReplica:
             llm.close()
 
 
-@serve.deployment(name="OpenAIIngress", max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
+@serve.deployment(name="OpenAIIngress", max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0},
+                  graceful_shutdown_wait_loop_s=1, graceful_shutdown_timeout_s=8)
 @serve.ingress()
 class OpenAIIngress:
     """The HTTP front: every request goes whole to a replica; the response streams back."""

@@ -1,0 +1,50 @@
+"""The front page stays a front page and stays true: at most 150 lines, every relative link
+resolves, and every figure of its results table is the one in its JSON."""
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_front_page_is_short_and_its_links_resolve():
+    assert len(README.splitlines()) <= 150
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _signed(x: float) -> str:
+    return f"{100 * x:+.1f}".replace("-", "−")
+
+
+def test_results_table_matches_its_json():
+    report = json.loads((ROOT / "benchmarks/results/splits/report.json").read_text())
+    by_label = {r["label"]: r for r in report["results"]}
+    rows = [line for line in README.splitlines() if line.startswith("| ") and "|---" not in line][1:]
+    assert len(rows) == 6
+    labels = ["fixed=1 none blk8 b1", "threshold=0.9 dual blk24 b1", "AR twin b1",
+              "fixed=1 none blk8 b8", "threshold=0.9 dual blk24 b8", "AR twin b8"]
+    for line, label in zip(rows, labels):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        r = by_label[label]
+        lo, hi = r["accuracy_ci95"]
+        assert cells[1] == label.rsplit("b", 1)[1]
+        assert cells[2] == f"{_pct(r['accuracy'])} % [{_pct(lo)}, {_pct(hi)}]", (label, cells[2])
+        if "vs_baseline" in r:
+            v = r["vs_baseline"]
+            expect = f"{_signed(v['diff'])} [{_signed(v['ci95'][0])}, {_signed(v['ci95'][1])}]"
+            assert cells[3] == expect, (label, cells[3], expect)
+        else:
+            assert cells[3] == "–"
+        assert cells[4] == f"{r['nfe_per_request']:.1f}", (label, cells[4])
+        assert cells[5] == f"{r['tokens_per_s']:.0f}", (label, cells[5])
+    assert report["context"]["commit"].startswith("334b4c6") and "commit 334b4c6" in README
