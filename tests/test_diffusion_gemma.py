@@ -156,8 +156,10 @@ def test_seed_semantics(dg):
 
 
 @pytest.mark.parametrize("given,match", [
-    ({"cache": "dual"}, "renoising diffusion_gemma model does not take cache 'dual'"),
-    ({"compat": "diffusion-gemma", "cache": "dual"}, "compat 'diffusion-gemma' does not support cache 'dual'"),
+    ({"cache": "dual"}, "cache 'dual': not used by a renoising model"),
+    ({"compat": "diffusion-gemma", "cache": "dual"}, "cache 'dual': not used by a renoising model"),
+    ({"policy": "fixed"}, "policy 'fixed': not used by a renoising model"),
+    ({"block_length": 8}, "block_length 8: not used by a renoising model"),
     ({"temperature": 0.7}, "temperature 0.7"),
     ({"t_max": 0.3}, "t_max 0.3 must be above t_min 0.4"),
     ({"compat": "llada"}, "renoising model"),
@@ -268,7 +270,7 @@ def test_served_stream_is_committed_canvas_by_canvas(dg):
         assert 1 < sum(bool(t) for t in chunks) <= -(-len(want.token_ids) // 16)
         assert full.usage.model_extra["nfe"] == want.nfe
         r = __import__("httpx").post(s.url + "/v1/completions", json={"prompt": "w1", "cache": "dual"})
-        assert r.status_code == 400 and "does not take cache 'dual'" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "cache 'dual': not used by a renoising model" in r.json()["error"]["message"]
         events = []
         with __import__("httpx").stream("POST", s.url + "/playground/stream", timeout=60,
                                         json={"prompt": "w1 w2", "max_tokens": 32, "seed": 1}) as resp:

@@ -86,8 +86,11 @@ def test_renoising_flags_used_or_refused(renoise, flags):
     except UnmaskError as e:
         assert str(e) and "\n" not in str(e)
         return
-    ignored = {n for n in flags if n not in RENOISE_FIELDS and not (n == "policy" and flags[n] == "entropy")
-               and not (n == "temperature" and float(flags[n]) == 0)}
+    from unmask.params import coerce
+
+    given = {n: coerce(n, v) for n, v in flags.items()}  # 'none' is "not given" for optional fields
+    ignored = {n for n, v in given.items() if v is not None and n not in RENOISE_FIELDS
+               and not (n == "policy" and v == "entropy") and not (n == "temperature" and v == 0)}
     assert not ignored, (flags, ignored)
 
 

@@ -19,6 +19,8 @@ from unmask import LLM
 from unmask.errors import UnmaskError
 from unmask.parallel import TensorParallelError
 
+pytestmark = pytest.mark.slow  # every test here starts tensor-parallel ranks (processes)
+
 # logits of N ranks against one process: row-parallel sums are added in another order
 LOGIT_TOL = 1e-4
 
@@ -83,7 +85,6 @@ def _run(llm, settings):
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_two_ranks_equal_one(tmp_path, family):
     """Every policy, cache and reference mode the family runs gives the same tokens and forwards
@@ -263,7 +264,6 @@ def test_server_over_two_ranks():
         two.close()
 
 
-@pytest.mark.slow
 def test_cli_and_torchrun_launches(tmp_path):
     """`unmask generate --tensor-parallel 2` (unmask spawns rank 1) and the same under torchrun
     (torchrun starts both ranks; rank 1 serves rank 0 and exits quietly) print the one-process text."""

@@ -72,6 +72,7 @@ def test_weight_memory_agreement_and_batch_invariance(embedded_ar):
     assert alone == [r.token_ids for r in b.results[:10]]
 
 
+@pytest.mark.slow  # tensor-parallel ranks (processes)
 def test_int8_over_two_ranks(tmp_path):
     """Each rank quantizes its own slices (the all-reduce hooks move to the int8 layers): the
     sharded int8 model's logits stay within the tolerance of the float model's."""
@@ -101,6 +102,7 @@ def test_quantize_errors_name_the_value(monkeypatch):
     assert out.returncode == 0 and out.stdout.strip() == "red 4 owl"
 
 
+@pytest.mark.slow  # loads a 3.5 GiB-shaped checkpoint
 def test_lean_loading_holds_no_float_copy(tmp_path):
     """A bf16 checkpoint (LLaDA layout, sharded) loads into int8 and into float32 (on either
     kernel: oneDNN's reorders come first) with the peak resident memory of the load within 1.3x

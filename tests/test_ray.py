@@ -209,9 +209,61 @@ def test_serve_replicas_command(tmp_path):
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         r = c.completions.with_raw_response.create(model="unmask", prompt="copy : red 4 owl")
         assert r.parse().choices[0].text == "red 4 owl" and r.headers.get("x-unmask-replica")
-        proc.send_signal(signal.SIGINT)  # graceful: Serve shuts down, then Ray
-        assert proc.wait(timeout=90) == 0
+        # Ctrl-C while busy: long streams in flight; it stops within 20 s and leaves no process behind
+        busy = ThreadPoolExecutor(4)
+        for _ in range(8):
+            busy.submit(_drain, f"http://127.0.0.1:{port}/v1/completions",
+                        {"prompt": "copy : red 4 owl", "max_tokens": 400, "stream": True})
+        time.sleep(2)
+        tree = _descendants(proc.pid)
+        assert len(tree) > 3  # Ray's own processes and workers, started by this command
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # graceful for at most 10 s: Serve shuts down, then Ray
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - t0 < 20, time.monotonic() - t0
+        time.sleep(1)
+        left = [p for p in tree if _alive(p)]
+        assert not left, [open(f"/proc/{p}/cmdline").read()[:100] for p in left if _alive(p)]
+        busy.shutdown(wait=True, cancel_futures=True)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def _drain(url: str, body: dict) -> None:
+    try:
+        with httpx.stream("POST", url, json=body, timeout=30) as r:
+            for _ in r.iter_bytes():
+                pass
+    except httpx.HTTPError:  # the server went away mid-stream: expected here
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (Linux /proc)."""
+    import os
+
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -438,6 +438,7 @@ class Browser:
         self.profile.cleanup()
 
 
+@pytest.mark.slow  # a browser
 @pytest.mark.skipif(_chromium() is None, reason="no Chromium (.ci/run installs Debian's chromium)")
 def test_playground_in_a_headless_browser(server, client):
     """Chromium loads the page, submits a prompt (autorun), waits for the final text; it equals the

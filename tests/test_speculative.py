@@ -233,6 +233,7 @@ def test_server_streams_speculative_rows(embedded_ar):
         server.stop()
 
 
+@pytest.mark.slow  # a benchmark run in a subprocess
 def test_bench_reports_dflash_beside_the_ar_twin(tmp_path, embedded_ar):
     """`unmask bench --draft`: a DFlash row per batch, with the AR twin's accuracy (lossless) and
     the target's forwards per request at most the AR twin's."""

@@ -67,6 +67,8 @@ def _accept_renoising(params: GenerationParams, arch: ArchConfig, given: frozens
                           and f not in ("gen_length", "steps")
                           and not (f == "block_length" and params.block_length == params.gen_length))
     refuse_unused_renoising({f: getattr(params, f) for f in given}, arch)
+    if engine and params.compat is not None:
+        raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
     try:
         checked = replace(params, compat=RENOISE_COMPAT).check()
     except UnmaskError as e:  # natively, name the model, not a mode the caller did not ask for

@@ -1,6 +1,7 @@
 """`unmask serve`."""
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -140,13 +141,17 @@ def _shutdown_ray(timeout: float) -> None:
     `timeout` the instance's processes are killed."""
     import ray
 
+    node = getattr(ray._private.worker, "_global_node", None)  # the local instance's processes, if ours
     t = threading.Thread(target=ray.shutdown, daemon=True, name="unmask-ray-shutdown")
     t.start()
     t.join(timeout)
-    if t.is_alive():
-        node = getattr(ray._private.worker, "_global_node", None)
+    if t.is_alive():  # stuck: kill what this process started, and leave without Ray's exit hooks (they would wait too)
         if node is not None:
             node.kill_all_processes(check_alive=False, allow_graceful=False)
+        print("unmask: Ray did not stop in time; its processes were killed", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def add_parsers(sub) -> dict:
