@@ -111,6 +111,23 @@ def test_renoising_server_refuses_a_policy(renoise):
         s.stop()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["serve", "--ray-address", "auto"], "--ray-address is a setting of Ray Serve replicas"),
+    (["serve", "--replica-cpus", "2"], "--replica-cpus is a setting of Ray Serve replicas"),
+    (["serve", "--replicas", "2", "--target-ongoing-requests", "3"], "with a fixed --replicas 2 it would be ignored"),
+    (["serve", "--replicas", "1", "--replica-gpus", "1", "--device", "cpu"], "GPUs they do not use"),
+    (["serve", "--replicas", "1", "--replica-cpus", "nan"], "--replica-cpus nan must be a finite number >= 0"),
+    (["serve", "--min-replicas", "1", "--target-ongoing-requests", "0"], "must be > 0"),
+    (["generate", "copy : red 4 owl", "--linear-kernel", "onednn", "--dtype", "bfloat16"],
+     "linear_kernel 'onednn' is a float32 CPU kernel"),
+])
+def test_serving_and_kernel_settings_that_would_be_ignored(capsys, args, needle):
+    import ray
+
+    refused(capsys, needle, *args)
+    assert not ray.is_initialized()
+
+
 def test_data_and_tensor_parallel_together_are_refused(capsys):
     import ray
 
@@ -241,3 +258,15 @@ def test_models_lists_embedded_models_and_layouts(capsys):
             assert fam.layout.split(" (")[0] in text
         for name in EMBEDDED_ABOUT:
             assert name in text or name == "default-dflash"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tau=st.one_of(st.floats(-2, 80), st.just(float("nan"))), block=st.integers(-1, 70), gen=st.integers(-1, 70))
+def test_roofline_predictions_are_possible_or_refused(capsys, tau, block, gen):
+    """Every prediction the roofline prints has 0 < tau <= block and tau <= gen; the rest is a named refusal."""
+    code, out, err = run(capsys, "roofline", "--json", f"--tau={tau}", f"--block={block}", f"--gen={gen}")
+    if code == 0:
+        setup = json.loads(out)["setup"]
+        assert 0.01 <= setup["tau"] <= min(setup["block"], setup["gen"])
+    else:
+        assert code == 2 and err.startswith("unmask: error: --"), err

@@ -12,6 +12,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from unmask.accept import accept, refuse_unused_renoising
 from unmask.engine import Engine, EngineConfig
 from unmask.engine.renoise import RenoiseEngine
@@ -65,6 +67,9 @@ class LLM:
         if dtype is not None and not isinstance(dtype, str):
             raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
         device = check_device(device)
+        if self.linear_kernel == "onednn" and (device.type != "cpu" or resolve_dtype(dtype, device) != torch.float32):
+            raise UnmaskError(f"linear_kernel 'onednn' is a float32 CPU kernel; with device {device} and dtype "
+                              f"{dtype or 'auto'} it would not be used", param="linear_kernel")
         self.ranks = None
         if check_world(tensor_parallel) > 1:
             check_split(self.path, tensor_parallel)  # before any process starts

@@ -519,14 +519,17 @@ def moe_table(r: Roofline, context: int, blocks=(1, 4, 8, 16, 32, 64), batches=(
     return rows
 
 
+MIN_TAU = 0.01  # fewer tokens per forward than this is no decoder anyone runs (and overflows the counts)
+
+
 def check_setup(prompt: int, gen: int, tau: float, block: int, batches: list[int]) -> None:
     from unmask.errors import UnmaskError
 
     for name, v in (("prompt", prompt), ("gen", gen), ("block", block)):
         if v < 1:
             raise UnmaskError(f"--{name} {v} must be a positive integer")
-    if not (math.isfinite(tau) and tau > 0):
-        raise UnmaskError(f"--tau {tau:g} must be a finite number > 0")
+    if not (math.isfinite(tau) and tau >= MIN_TAU):
+        raise UnmaskError(f"--tau {tau:g} must be a finite number >= {MIN_TAU:g} (tokens committed per forward)")
     if tau > block:  # a forward commits (or a verify accepts) at most the positions it computes
         raise UnmaskError(f"--tau {tau:g} exceeds --block {block}: a step commits at most the {block} positions it "
                           "computes (a DFlash verify accepts at most its block)")

@@ -1,6 +1,7 @@
 """`unmask serve`."""
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -26,12 +27,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
                           max_waiting=a.max_waiting, scheduling=a.scheduling)
     if a.replicas is not None or a.min_replicas is not None or a.max_replicas is not None:
         return _serve_ray(a, config)
+    for flag in RAY_ONLY:  # a Ray Serve setting without replicas would be ignored
+        if getattr(a, flag) is not None:
+            raise UnmaskError(f"--{flag.replace('_', '-')} is a setting of Ray Serve replicas; give --replicas N "
+                              "(or --min-replicas / --max-replicas) with it")
     llm = load_llm(a)
     app = build_app(llm, a.served_model_name, a.api_key, config)
     print(f"unmask: serving {a.served_model_name} ({llm.path}) on http://{a.host}:{a.port} "
           f"(playground at /, OpenAI API under /v1)", file=sys.stderr)
     uvicorn.run(app, host=a.host, port=a.port, log_level="warning")
     return 0
+
+
+# Ray Serve's own settings (used only with --replicas / --min-replicas / --max-replicas) and their defaults
+RAY_DEFAULTS = {"replica_cpus": 1.0, "replica_gpus": 0.0, "target_ongoing_requests": 8.0}
+RAY_ONLY = ("ray_address", *RAY_DEFAULTS)
 
 
 def _serve_ray(a: argparse.Namespace, config) -> int:
@@ -49,14 +59,28 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
             raise UnmaskError(f"--{flag.replace('_', '-')} {v} must be a positive integer")
     if a.min_replicas and a.max_replicas and a.max_replicas < a.min_replicas:
         raise UnmaskError(f"--max-replicas {a.max_replicas} is below --min-replicas {a.min_replicas}")
-    for flag in ("replica_cpus", "replica_gpus", "target_ongoing_requests"):
-        if getattr(a, flag) < 0:
-            raise UnmaskError(f"--{flag.replace('_', '-')} {getattr(a, flag)} must not be negative")
+    if a.target_ongoing_requests is not None and a.replicas is not None:
+        raise UnmaskError(f"--target-ongoing-requests {a.target_ongoing_requests:g} steers autoscaling; with a fixed "
+                          f"--replicas {a.replicas} it would be ignored (give --min-replicas / --max-replicas)")
+    for flag, default in RAY_DEFAULTS.items():
+        value = getattr(a, flag)
+        if value is None:
+            setattr(a, flag, default)
+        elif not (math.isfinite(value) and value >= 0):
+            raise UnmaskError(f"--{flag.replace('_', '-')} {value:g} must be a finite number >= 0")
+    if a.target_ongoing_requests <= 0:
+        raise UnmaskError(f"--target-ongoing-requests {a.target_ongoing_requests:g} must be > 0")
     from unmask.cluster import init_ray, parse_ray_address
     from unmask.llm import LLM, default_device
     from unmask.loading import resolve_model_path
 
     device = a.device or default_device()
+    if device.startswith("cpu") and a.replica_gpus > 0:
+        raise UnmaskError(f"--replica-gpus {a.replica_gpus:g} with device {device}: the replicas would hold GPUs they "
+                          "do not use (and wait for them on a machine without)")
+    if device.startswith("cuda") and a.replica_gpus <= 0:
+        raise UnmaskError(f"device {device}: give each replica a GPU with --replica-gpus (e.g. 1), or --device cpu "
+                          "(Ray hides GPUs from a replica that reserves none)")
     # every setting a replica uses is checked here, before Ray starts (each replica reads these paths)
     path = LLM.check_args(a.model, a.dtype, device, a.tensor_parallel, a.draft, a.quantize, a.linear_kernel)
     parse_ray_address(a.ray_address)
@@ -175,9 +199,10 @@ def add_parsers(sub) -> dict:
     r.add_argument("--replicas", type=int, default=None, metavar="N", help="engine replicas behind one endpoint")
     r.add_argument("--min-replicas", type=int, default=None, help="autoscale: fewest replicas")
     r.add_argument("--max-replicas", type=int, default=None, help="autoscale: most replicas")
-    r.add_argument("--target-ongoing-requests", type=float, default=8.0,
+    r.add_argument("--target-ongoing-requests", type=float, default=None,
                    help="autoscale: the ongoing requests per replica it aims at (default 8)")
-    r.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica reserves (default 1)")
-    r.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica (each tensor-parallel rank) reserves")
+    r.add_argument("--replica-cpus", type=float, default=None, help="CPUs each replica reserves (default 1)")
+    r.add_argument("--replica-gpus", type=float, default=None,
+                   help="GPUs each replica (each tensor-parallel rank) reserves (default 0)")
     r.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
     return {"serve": cmd_serve}
