@@ -60,7 +60,9 @@ class RayServer:
 @pytest.fixture(scope="module")
 def ray_cluster():
     # logical CPUs: three replicas and two Data actors of one thread each share this machine's two cores
-    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    from unmask.cluster import init_ray
+
+    init_ray(None, num_cpus=5)  # a local instance with unmask's Serve timeouts for busy cores
     yield
     ray.shutdown()
 

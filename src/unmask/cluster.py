@@ -2,12 +2,18 @@
 address is checked before anything starts, and a cluster that cannot be reached is an UnmaskError
 within seconds (Ray itself retries a refused address for minutes)."""
 
+import os
 import socket
 import threading
 
 from unmask.errors import UnmaskError
 
 CONNECT_TIMEOUT_S = 25.0  # joining a cluster that answers but never completes the handshake
+# Ray Serve's own timeouts for its HTTP proxy, raised for a local instance on busy cores: its defaults
+# (ready within 5 s, health answered within 10 s) kill a proxy that a loaded 2-core machine starts
+# slowly, and serve.start then fails with ActorDiedError (seen under the stress run of issue 33).
+# Set only where the user has not; they reach Ray's processes through the environment they inherit.
+SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 _FORMS = "'auto' (the Ray instance running on this machine), HOST:PORT or ray://HOST:PORT"
 
 
@@ -52,6 +58,8 @@ def init_ray(address: str | None, flag: str = "--ray-address", **kwargs) -> None
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("log_to_driver", False)
     if address is None:
+        for name, value in SERVE_ENV.items():
+            os.environ.setdefault(name, value)
         ray.init(address="local", **kwargs)
         return
     outcome: list = []

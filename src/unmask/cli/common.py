@@ -150,7 +150,7 @@ def add_data_parallel_args(p: argparse.ArgumentParser) -> None:
 
 def check_data_parallel(a: argparse.Namespace) -> None:
     """--data-parallel, --ray-address and what they combine with, checked before anything loads."""
-    from unmask.cluster import parse_ray_address
+    from unmask.cluster import check_reachable, parse_ray_address
 
     n = getattr(a, "data_parallel", 1)
     positive("data-parallel", n)
@@ -162,6 +162,8 @@ def check_data_parallel(a: argparse.Namespace) -> None:
         raise UnmaskError(f"--data-parallel {n} with --tensor-parallel {a.tensor_parallel}: each Ray Data actor "
                           "holds a whole model in one process; use one of the two (or `unmask serve --replicas N "
                           "--tensor-parallel M` for replicas of a split model)")
+    if n > 1:
+        check_reachable(address)  # before any model loads: a cluster that is not there is named in seconds
 
 
 def data_parallel(llm, a: argparse.Namespace):

@@ -98,12 +98,12 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
         signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop is a Ctrl-C
         # without --ray-address a new local instance (never one another program started here)
         init_ray(a.ray_address)
-        serve.start(http_options={"host": a.host, "port": a.port})
         try:
+            serve.start(http_options={"host": a.host, "port": a.port})
             serve.run(app, name="unmask", route_prefix="/", blocking=False)
-        except RuntimeError as e:  # a replica failed to start: its own last words
+        except Exception as e:  # Serve or a replica failed to start: its own last words
             lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-            raise UnmaskError(f"the replicas did not start: {lines[-1] if lines else e}") from None
+            raise UnmaskError(f"Ray Serve did not start ({type(e).__name__}): {lines[-1] if lines else e}") from None
         print(f"unmask: serving {a.served_model_name} ({model}) on Ray Serve at http://{a.host}:{a.port} "
               f"({'autoscaled' if a.replicas is None else a.replicas} replicas; Ray at "
               f"{ray.get_runtime_context().gcs_address}); Ctrl-C stops it", file=sys.stderr)
