@@ -3,6 +3,7 @@
 # run N times in a row while a busy loop keeps every core busy, as on a shared laptop (issue 33:
 # each must pass 10 times). Usage: scripts/stress_tests.sh [N] [extra pytest args...]
 # Writes one line per run to stdout and the full output to stress-run-K.log in $STRESS_LOG_DIR (default: /tmp).
+# STRESS_TESTS="tests/test_ray.py ..." replaces the list below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=PASSIVE
@@ -19,6 +20,7 @@ TESTS=(
   tests/test_speculative.py::test_bench_reports_dflash_beside_the_ar_twin tests/test_speculative.py::test_server_streams_speculative_rows
   tests/test_edges.py tests/test_humaneval.py
 )
+if [ -n "${STRESS_TESTS:-}" ]; then read -r -a TESTS <<< "$STRESS_TESTS"; fi
 busy=()
 for _ in $(seq "$(nproc)"); do
   (while :; do :; done) &

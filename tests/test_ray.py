@@ -199,7 +199,7 @@ def test_serve_replicas_command(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "unmask", "serve", "--replicas", "1", "--port", str(port),
                              "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300  # Ray, Serve and a replica starting on loaded cores
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:

@@ -9,11 +9,16 @@ import threading
 from unmask.errors import UnmaskError
 
 CONNECT_TIMEOUT_S = 25.0  # joining a cluster that answers but never completes the handshake
-# Ray Serve's own timeouts for its HTTP proxy, raised for a local instance on busy cores: its defaults
-# (ready within 5 s, health answered within 10 s) kill a proxy that a loaded 2-core machine starts
-# slowly, and serve.start then fails with ActorDiedError (seen under the stress run of issue 33).
-# Set only where the user has not; they reach Ray's processes through the environment they inherit.
-SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
+# A local instance's settings for a machine shared with other work (set only where the user has not;
+# Ray's processes inherit them from this one):
+# - RAY_worker_niceness 0: Ray starts its workers at niceness 15, below every ordinary process, so on
+#   busy cores the replicas (the server itself) and Serve's controller get almost no CPU: requests
+#   crawl, and a Ctrl-C's graceful shutdown waits on them (issue 33). Ray's own job manager sets 0
+#   for the drivers it starts, for the same reason.
+# - Serve's proxy timeouts: its defaults (ready within 5 s, health answered within 10 s) kill a proxy
+#   that a loaded 2-core machine starts slowly, and serve.start then fails with ActorDiedError.
+LOCAL_ENV = {"RAY_worker_niceness": "0", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+             "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "30"}
 _FORMS = "'auto' (the Ray instance running on this machine), HOST:PORT or ray://HOST:PORT"
 
 
@@ -58,7 +63,7 @@ def init_ray(address: str | None, flag: str = "--ray-address", **kwargs) -> None
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("log_to_driver", False)
     if address is None:
-        for name, value in SERVE_ENV.items():
+        for name, value in LOCAL_ENV.items():
             os.environ.setdefault(name, value)
         ray.init(address="local", **kwargs)
         return
