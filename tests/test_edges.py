@@ -107,8 +107,13 @@ def test_renoising_server_refuses_a_policy(renoise):
         r = httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red 4 owl", "block_length": 8})
         assert r.status_code == 400 and r.json()["error"]["param"] == "block_length"
         assert httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red 4 owl"}).status_code == 200
+        # the playground's form sends a policy, cache and blocks only to a masked model
+        assert '<body data-kind="renoising">' in httpx.get(s.url + "/").text
     finally:
         s.stop()
+    from unmask.server.playground import page
+
+    assert '<body data-kind="masked">' in page().body.decode()
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -482,6 +482,7 @@ def test_the_ar_twin_is_served_by_the_same_engine(embedded_ar):
             assert plain == streamed == ar.generate([p]).results[0].text
         r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPTS[0], "policy": "threshold"})
         assert r.status_code == 400 and "not used by an autoregressive model" in r.json()["error"]["message"]
+        assert '<body data-kind="autoregressive">' in httpx.get(s.url + "/").text  # its form sends no policy
     finally:
         s.stop()
 

@@ -49,6 +49,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     app.state.llm, app.state.model_name = llm, served_model_name
     _handlers(app, api_key)
     specials = special_strings(llm)
+    kind = "autoregressive" if llm.arch.causal else "renoising" if llm.arch.canvas_length else "masked"
 
     @app.get("/health")
     async def health():
@@ -59,7 +60,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return playground.page()
+        return playground.page(kind)
 
     @app.post("/playground/stream")
     async def playground_stream(body: CompletionRequest, request: Request):

@@ -17,8 +17,11 @@ from unmask.server.text import TextStream
 PAGE = Path(__file__).parent / "playground.html"
 
 
-def page() -> HTMLResponse:
-    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+def page(kind: str = "masked") -> HTMLResponse:
+    """The page, told the kind of model served ("masked", "renoising" or "autoregressive"): only a
+    masked model's form sends a policy, a cache and a block length."""
+    return HTMLResponse(PAGE.read_text(encoding="utf-8").replace('<body data-kind="masked">',
+                                                                  f'<body data-kind="{kind}">', 1))
 
 
 def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationParams, stops: list[str]):
