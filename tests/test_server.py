@@ -470,6 +470,44 @@ def test_playground_in_a_headless_browser(server, client):
     assert stats.startswith("step ") and "NFE" in stats
 
 
+def _browser_run(url: str, query: dict) -> tuple[str, str]:
+    """Load the playground with autorun; (its 'done' state, the final text)."""
+    import urllib.parse
+
+    browser = Browser()
+    try:
+        browser.call("Page.navigate", url=f"{url}/?{urllib.parse.urlencode({**query, 'autorun': '1'})}")
+        deadline, done = time.time() + 60, None
+        while time.time() < deadline:
+            done = browser.eval("document.getElementById('final') && document.getElementById('final').dataset.done")
+            if done in ("1", "error"):
+                break
+            time.sleep(0.1)
+        hidden = browser.eval("[...document.querySelectorAll('.masked-only')].every(e => e.style.display === 'none')")
+        return done, browser.eval("document.getElementById('final').textContent"), hidden
+    finally:
+        browser.close()
+
+
+@pytest.mark.slow  # a browser
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium (.ci/run installs Debian's chromium)")
+@pytest.mark.parametrize("model", ["default-ar", "default-renoise"])
+def test_playground_for_a_model_without_policies(model):
+    """An AR or renoising model refuses a policy, a cache and blocks: its page hides them and sends
+    only the prompt (and a length), and its answer is the API's."""
+    m = LLM(model)
+    s = Server(m, served_model_name="m")
+    try:
+        done, final, hidden = _browser_run(s.url, {"prompt": PROMPTS[0]})
+        assert done == "1" and hidden and final.strip(), final
+        if model == "default-ar":  # greedy: the API's answer (the renoising sampler draws, unseeded here)
+            api = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60).completions.create(
+                model="m", prompt=PROMPTS[0]).choices[0].text
+            assert final == api
+    finally:
+        s.stop()
+
+
 def test_the_ar_twin_is_served_by_the_same_engine(embedded_ar):
     ar = embedded_ar
     s = Server(ar, served_model_name="ar")
