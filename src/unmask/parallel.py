@@ -99,6 +99,7 @@ class Ranks:
         self.lock = threading.RLock()  # one unit of work at a time: the collectives run in one order
         self.failed: str | None = None
         self.closed = False
+        self.serving = False  # every rank loaded its shard and waits for commands
         self._engines = 0
 
     @classmethod
@@ -120,6 +121,7 @@ class Ranks:
             dist.init_process_group(_backend(device), timeout=timeout)
             if rank:
                 _serve(rank, world, device, worker_args)
+                dist.destroy_process_group()
                 raise SystemExit(0)
         else:
             port = _free_port()
@@ -146,6 +148,7 @@ class Ranks:
         """After every rank loaded its shard: the first rank's error, raised here on rank 0."""
         errors = self._collective(lambda: _gather_objects(error))
         bad = [(r, e) for r, e in enumerate(errors) if e]
+        self.serving = not bad  # every rank now waits for commands (and answers "stop" with a barrier)
         if bad:
             self.close()
             r, e = bad[0]
@@ -196,6 +199,11 @@ class Ranks:
         if not self.failed:
             try:
                 dist.broadcast_object_list([([("stop",)], None)], src=0)
+                if self.serving:
+                    # every rank has the stop before any leaves the group: a rank tearing down its
+                    # sockets while another still uses them aborted the process (SIGABRT, seen under
+                    # torchrun, where rank 0 cannot wait for the others to exit)
+                    dist.barrier()
             except Exception:  # a dead rank: nothing to tell it
                 pass
         for p in self.procs:
@@ -324,6 +332,10 @@ def _serve(rank: int, world: int, device: torch.device, worker_args: tuple) -> N
         for cmd in batch:
             kind = cmd[0]
             if kind == "stop":
+                try:
+                    dist.barrier()  # rank 0's close() waits here too
+                except Exception:
+                    pass
                 return
             try:
                 _apply(llm, engines, cmd)
