@@ -14,23 +14,17 @@ from hypothesis import strategies as st
 
 from unmask import LLM, GenerationParams, UnmaskError
 from unmask.accept import RENOISE_FIELDS
-from unmask.cli import main
 from unmask.loading import EMBEDDED_ABOUT
 from unmask.models.registry import FAMILIES
 from unmask.params import PARAM_FIELDS
 
-
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from test_errors import one_line_error, run  # noqa: E402  the same CLI runner and refusal rule
 
 
 def refused(capsys, needle, *args):
+    """The command's one-line refusal naming `needle` (test_errors' rule), and its text."""
     code, _, err = run(capsys, *args)
-    assert code == 2, err
-    assert err.startswith("unmask: error: ") and len(err.strip().splitlines()) == 1, err
-    assert needle in err, err
+    one_line_error(code, err, needle)
     return err
 
 

@@ -438,40 +438,9 @@ class Browser:
         self.profile.cleanup()
 
 
-@pytest.mark.slow  # a browser
-@pytest.mark.skipif(_chromium() is None, reason="no Chromium (.ci/run installs Debian's chromium)")
-def test_playground_in_a_headless_browser(server, client):
-    """Chromium loads the page, submits a prompt (autorun), waits for the final text; it equals the
-    API's answer for the same request, and the canvas shows committed cells."""
-    import urllib.parse
-
-    browser = Browser()
-    try:
-        query = urllib.parse.urlencode({"prompt": PROMPTS[2], "policy": "fixed", "cache": "none", "autorun": "1"})
-        browser.call("Page.navigate", url=f"{server.url}/?{query}")
-        deadline = time.time() + 60
-        done = None
-        while time.time() < deadline:
-            done = browser.eval("document.getElementById('final') && document.getElementById('final').dataset.done")
-            if done in ("1", "error"):
-                break
-            time.sleep(0.1)
-        final = browser.eval("document.getElementById('final').textContent")
-        assert done == "1", final
-        streamed = browser.eval("document.getElementById('streamed').textContent")
-        cells = browser.eval("[...document.querySelectorAll('#canvas .cell')].map(c => c.className)")
-        stats = browser.eval("document.getElementById('stats').textContent")
-    finally:
-        browser.close()
-    api = client.completions.create(model="default", prompt=PROMPTS[2],
-                                    extra_body={"policy": "fixed", "cache": "none"}).choices[0].text
-    assert final == streamed == api == '{ "name" : "bob" , "age" : 3 4 , "city" : "rome" }'
-    assert len(cells) == 24 and "cell committed" in cells
-    assert stats.startswith("step ") and "NFE" in stats
-
-
-def _browser_run(url: str, query: dict) -> tuple[str, str]:
-    """Load the playground with autorun; (its 'done' state, the final text)."""
+def _browser_run(url: str, query: dict, *expressions: str) -> list:
+    """Load the playground with autorun and wait for it to finish: [its 'done' state, the final
+    text, then the value of each JavaScript expression]."""
     import urllib.parse
 
     browser = Browser()
@@ -483,10 +452,28 @@ def _browser_run(url: str, query: dict) -> tuple[str, str]:
             if done in ("1", "error"):
                 break
             time.sleep(0.1)
-        hidden = browser.eval("[...document.querySelectorAll('.masked-only')].every(e => e.style.display === 'none')")
-        return done, browser.eval("document.getElementById('final').textContent"), hidden
+        return [done, browser.eval("document.getElementById('final').textContent"),
+                *(browser.eval(e) for e in expressions)]
     finally:
         browser.close()
+
+
+@pytest.mark.slow  # a browser
+@pytest.mark.skipif(_chromium() is None, reason="no Chromium (.ci/run installs Debian's chromium)")
+def test_playground_in_a_headless_browser(server, client):
+    """Chromium loads the page, submits a prompt (autorun), waits for the final text; it equals the
+    API's answer for the same request, and the canvas shows committed cells."""
+    done, final, streamed, cells, stats = _browser_run(
+        server.url, {"prompt": PROMPTS[2], "policy": "fixed", "cache": "none"},
+        "document.getElementById('streamed').textContent",
+        "[...document.querySelectorAll('#canvas .cell')].map(c => c.className)",
+        "document.getElementById('stats').textContent")
+    assert done == "1", final
+    api = client.completions.create(model="default", prompt=PROMPTS[2],
+                                    extra_body={"policy": "fixed", "cache": "none"}).choices[0].text
+    assert final == streamed == api == '{ "name" : "bob" , "age" : 3 4 , "city" : "rome" }'
+    assert len(cells) == 24 and "cell committed" in cells
+    assert stats.startswith("step ") and "NFE" in stats
 
 
 @pytest.mark.slow  # a browser
@@ -498,7 +485,9 @@ def test_playground_for_a_model_without_policies(model):
     m = LLM(model)
     s = Server(m, served_model_name="m")
     try:
-        done, final, hidden = _browser_run(s.url, {"prompt": PROMPTS[0]})
+        done, final, hidden = _browser_run(
+            s.url, {"prompt": PROMPTS[0]},
+            "[...document.querySelectorAll('.masked-only')].every(e => e.style.display === 'none')")
         assert done == "1" and hidden and final.strip(), final
         if model == "default-ar":  # greedy: the API's answer (the renoising sampler draws, unseeded here)
             api = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60).completions.create(

@@ -37,6 +37,12 @@ from unmask.tokenizer import Tokenizer, resolve_token_ids
 __all__ = ["LLM", "BatchOutput", "GenerationResult", "EMBEDDED", "default_device", "resolve_model_path"]
 
 
+def _one_process_draft(world: int) -> None:
+    if world > 1:
+        raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
+                          f"tensor_parallel {world}", param="draft")
+
+
 class LLM:
     """`LLM(model_dir).generate(prompts, GenerationParams(...))`."""
 
@@ -61,9 +67,7 @@ class LLM:
         self.drafter, self.draft_path = None, None
         if draft is not None:
             self.draft_path = resolve_model_path(draft)
-            if check_world(tensor_parallel) > 1:
-                raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
-                                  f"tensor_parallel {tensor_parallel}", param="draft")
+            _one_process_draft(check_world(tensor_parallel))
         if dtype is not None and not isinstance(dtype, str):
             raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
         device = check_device(device)
@@ -103,9 +107,7 @@ class LLM:
             draft_path = resolve_model_path(draft)
             if not (draft_path / "config.json").is_file():
                 raise UnmaskError(f"draft folder {draft_path} has no config.json", param="draft")
-            if world > 1:
-                raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
-                                  f"tensor_parallel {tensor_parallel}", param="draft")
+            _one_process_draft(world)
         if dtype is not None and dtype != "auto" and dtype not in DTYPES:
             raise UnmaskError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}", param="dtype")
         if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda", "mps"):
