@@ -58,7 +58,7 @@ def setting(rnd: random.Random) -> dict:
 
 def containers(engine) -> dict:
     return {"records": len(engine.requests), "waiting": engine.num_waiting, "running": engine.num_running,
-            "settings": len(engine.settings), "parts": len(engine.parts), "generators": len(engine.generators),
+            "settings": len(engine.kind.settings), "parts": len(engine.kind.parts), "generators": len(engine.generators),
             "trace": len(engine.trace)}
 
 

@@ -225,7 +225,7 @@ def test_engine_requests_equal_the_reference_alone(dg, alone, start_at, budget):
         want, nfe = alone[i]
         assert req.canvas == want and req.nfe == nfe
         assert streamed[i] == dg.result_of(req.canvas, req.nfe, req.commits, 0.0).token_ids
-    assert engine.num_running == 0 and engine.kv.batch == 0
+    assert engine.num_running == 0 and engine.kind.kv.batch == 0
     if budget < 32:  # one canvas row per step
         assert max(r.rows for r in engine.trace if r.kind == "full") == 1
 
@@ -241,7 +241,7 @@ def test_engine_abort_frees_the_row(dg, alone):
         engine.step()
     assert reqs[1].finish_reason == "abort"
     assert reqs[0].canvas == alone[0][0] and reqs[2].canvas == alone[2][0]
-    assert engine.num_running == 0 and engine.kv.batch == 0 and engine.sc is None  # nothing held
+    assert engine.num_running == 0 and engine.kind.kv.batch == 0 and engine.rows.sc is None  # nothing held
 
 
 def test_unseeded_requests_follow_the_global_generator(dg):

@@ -34,7 +34,7 @@ def test_native_edit_policy_is_llada2_1s_generate(llada2, thr, edit, post, cache
         engine.step()
     for a, q in zip(ref.results, reqs):
         assert q.canvas[: len(a.raw_ids)][:24] == a.raw_ids[:24] and q.nfe == a.nfe
-        assert q.edits == a.edits
+        assert q.stats.edits == a.edits
 
 
 def _spy(monkeypatch):
@@ -85,7 +85,7 @@ def test_edit_invariants(request, monkeypatch, fixture, kw):
         assert q.nfe <= blocks * (params.block_length + params.max_post_steps + 1)
         assert q.canvas[: len(streamed[q.id])] == streamed[q.id]
         alone = llm.generate([p], params).results[0]
-        assert alone.raw_ids == q.canvas and alone.edits == q.edits
+        assert alone.raw_ids == q.canvas and alone.edits == q.stats.edits
 
 
 def test_editing_off_is_the_threshold_policy(llada):
@@ -156,11 +156,11 @@ def test_remdm_remasks_inside_the_open_block_and_finishes(request, fixture, kw):
             streamed[out.request.id] += out.new_ids
         for i, req in enumerate(engine.rows.reqs):
             assert engine.rows.x[i, : len(req.prompt)].tolist() == req.prompt
-    assert sum(q.remasked for q in reqs) > 0
+    assert sum(q.stats.remasked for q in reqs) > 0
     blocks = -(-params.gen_length // params.block_length) + 1
     for q, p in zip(reqs, prompts):
         assert q.finish_reason in ("stop", "length") and q.nfe <= blocks * (params.steps_per_block + 1)
         assert llm.token_ids.mask not in q.canvas[: len(streamed[q.id])]
         assert q.canvas[: len(streamed[q.id])] == streamed[q.id]
         again = llm.generate([p], params).results[0]  # a seeded row draws alone: the batch does not matter
-        assert again.raw_ids == q.canvas and again.remasked == q.remasked
+        assert again.raw_ids == q.canvas and again.remasked == q.stats.remasked

@@ -7,14 +7,13 @@ import unmask
 
 ROOT = Path(unmask.__file__).parent
 # higher imports lower; equal ranks may not import each other
-RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "loading": 2, "canvas": 3, "reference.modes": 3,
-        "params": 4, "accept": 5, "engine": 6, "parallel": 6, "reference": 6, "inputs": 6, "outputs": 6, "llm": 7, "evaluate": 8,
+RANK = {"layers": 0, "models": 1, "tokenizer": 2, "sampler": 2, "cache": 2, "loading": 2, "canvas": 3, "compat": 3,
+        "params": 4, "accept": 5, "inputs": 5, "engine": 6, "parallel": 6, "reference": 6, "outputs": 6, "llm": 7, "evaluate": 8,
         "bench": 9, "train": 9, "server": 9, "cli": 10}
 # import nothing of unmask but errors; anyone may use them
 LEAVES = {"errors", "progress", "tasks", "files", "registry", "trace", "cluster"}
-# the reference package holds the registry of its modes (below params, which validates `compat`)
-# and its loops (beside the engine): the registry is a unit of its own
-SUBUNITS = {"reference.modes"}
+# no unit is split across ranks (the compat modes' registry, below params, is its own module)
+SUBUNITS: set[str] = set()
 
 
 def _unit(path: Path) -> str:

@@ -10,7 +10,7 @@ from unmask.sampler.policy import (
     FixedPolicy,
     ThresholdPolicy,
 )
-from unmask.reference.modes import DreamSchedule
+from unmask.compat import DreamSchedule
 from unmask.sampler.schedule import EvenSchedule
 
 
@@ -149,7 +149,7 @@ def test_dream_schedule_last_step_takes_all():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from unmask.reference.modes import OriginPolicy  # noqa: E402
+from unmask.compat import OriginPolicy  # noqa: E402
 
 
 @settings(max_examples=60, deadline=None)

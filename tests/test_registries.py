@@ -12,7 +12,7 @@ from unmask import GenerationParams, UnmaskError
 from unmask.bench.grid import BenchConfig, build_grid, knob_names, parse_caches, parse_policies
 from unmask.cache import CACHES
 from unmask.cli import build_parser, main
-from unmask.reference.modes import COMPAT_MODES
+from unmask.compat import COMPAT_MODES
 from unmask.canvas import Canvas, left_padded
 from unmask.params import FAST, PARAM_FIELDS, resolve_params
 from unmask.sampler.policy import POLICIES, register, take_top
@@ -70,6 +70,7 @@ def test_a_new_policy_is_one_registered_class(llada):
         bench_knob = "none"
         uses_schedule = False
         needs_entropy = False
+        revises = False  # the protocol's fields, all declared
 
         @classmethod
         def implied_by(cls):

@@ -14,8 +14,7 @@ import torch
 
 from test_dflash import _chi2_pvalue, _random_drafter, write_drafter, write_qwen3_target
 from unmask import LLM, GenerationParams
-from unmask.engine import EngineConfig
-from unmask.engine.speculative import SpecEngine
+from unmask.engine import Engine, EngineConfig
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.loader import load_drafter, load_model
@@ -55,7 +54,7 @@ def test_engine_equals_the_reference_loop_under_continuous_batching(qwen3):
     target, drafter, ids, _ = qwen3
     prompts = [[3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8], [2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
     params = GenerationParams(gen_length=30)
-    engine = SpecEngine(target, drafter, ids, EngineConfig())
+    engine = Engine(target, ids, EngineConfig(), drafter=drafter)
     reqs = _run(engine, prompts, params, stagger=3)
     seen = set()
     for q, p in zip(reqs, prompts):
@@ -64,8 +63,8 @@ def test_engine_equals_the_reference_loop_under_continuous_batching(qwen3):
         # the release runs one more verify once the last position is filled; the engine stops there
         rounds = len(q.commits) - 1
         assert q.commits == [1] + ref.accepted[:rounds] and len(ref.accepted) - rounds in (0, 1)
-        assert q.draft_forwards == rounds and q.drafted == 3 * rounds
-        assert q.accepted == sum(a - 1 for a in ref.accepted[:rounds])
+        assert q.stats.draft_forwards == rounds and q.stats.drafted == 3 * rounds
+        assert q.stats.accepted == sum(a - 1 for a in ref.accepted[:rounds])
         seen |= set(ref.accepted[:rounds])
     assert {1, 4} <= seen and len(seen) >= 3  # rejected, whole and cut blocks all occurred
     kinds = {r.kind for r in engine.trace}
@@ -78,8 +77,8 @@ def test_batch_invariance_and_abort(qwen3):
     target, drafter, ids, _ = qwen3
     prompts = [[3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8], [7, 7]]
     for params in (GenerationParams(gen_length=20), GenerationParams(gen_length=20, temperature=0.8, seed=5)):
-        alone = [_run(SpecEngine(target, drafter, ids), [p], params)[0].canvas for p in prompts]
-        engine = SpecEngine(target, drafter, ids)
+        alone = [_run(Engine(target, ids, drafter=drafter), [p], params)[0].canvas for p in prompts]
+        engine = Engine(target, ids, drafter=drafter)
         reqs = [engine.add_request(p, params) for p in prompts]
         extra = engine.add_request([9, 9, 9, 9], params)
         engine.step()
@@ -96,12 +95,12 @@ def test_sampled_engine_follows_the_targets_distribution(qwen3):
     target, drafter, ids, _ = qwen3
     prompt = [3, 9, 14, 2, 7]
     torch.manual_seed(0)
-    engine = SpecEngine(target, drafter, TokenIds(mask=63, eos=62, pad=1, stop=(62,)), EngineConfig(max_num_seqs=400))
+    engine = Engine(target, TokenIds(mask=63, eos=62, pad=1, stop=(62,)), EngineConfig(max_num_seqs=400), drafter=drafter)
     reqs = [engine.add_request(prompt, GenerationParams(gen_length=4, temperature=1.0)) for _ in range(400)]
     while engine.has_unfinished():
         engine.step()
     spec = [tuple(q.canvas[:2]) for q in reqs]
-    assert sum(q.accepted for q in reqs) > 0  # drafts were accepted
+    assert sum(q.stats.accepted for q in reqs) > 0  # drafts were accepted
     plain = []
     g = torch.Generator().manual_seed(1)
     with torch.inference_mode():
@@ -307,3 +306,20 @@ def test_the_shipped_drafter_reproduces_its_record(embedded_ar):
         tau = sum(r.num_tokens - 1 for r in res if r.nfe > 1) / sum(r.nfe - 1 for r in res)
         assert record[task]["identical"] == 200 and tau == pytest.approx(record[task]["tau"], rel=1e-9)
         assert tau > 3  # the drafter is trained: blocks are accepted
+
+
+def test_token_budget_applies_to_speculative_rows(qwen3):
+    """With a budget that fits one row's prefill or block at a time, the rows take turns (the
+    first always runs), and each request's tokens are what it decodes alone."""
+    target, drafter, ids, _ = qwen3
+    prompts = [[3, 9, 14, 2, 7], [5, 5, 5], [60, 1, 33, 12, 40, 8, 8]]
+    params = GenerationParams(gen_length=12)
+    alone = [_run(Engine(target, ids, drafter=drafter), [p], params)[0].canvas for p in prompts]
+    engine = Engine(target, ids, EngineConfig(max_num_batched_tokens=20), drafter=drafter)
+    reqs = [engine.add_request(p, params) for p in prompts]
+    ran = []
+    while engine.has_unfinished():
+        ran.append(len(engine.step()))
+    assert max(ran) < len(prompts)  # never every row in one step
+    assert [q.canvas for q in reqs] == alone
+    assert all(r.rows < len(prompts) for r in engine.trace)

@@ -13,7 +13,7 @@ from unmask import GenerationParams
 from unmask.engine import Engine, EngineConfig
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.reference.lockstep import decode_reference as decode
-from unmask.reference.modes import topk_rows
+from unmask.compat import topk_rows
 from unmask.sampler.policy import take_top
 
 V = 13  # token ids 0..11 are words, 12 is MASK

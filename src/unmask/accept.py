@@ -20,7 +20,7 @@ from functools import lru_cache
 from unmask.cache import CACHES
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig
-from unmask.reference.modes import get_mode
+from unmask.compat import get_mode
 from unmask.params import PARAM_FIELDS, RENOISE_COMPAT, RENOISE_KNOBS, SHAPE, GenerationParams
 
 AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop")  # what an autoregressive model honours
@@ -69,14 +69,9 @@ def _accept_renoising(params: GenerationParams, arch: ArchConfig, given: frozens
     refuse_unused_renoising({f: getattr(params, f) for f in given}, arch)
     if engine and params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
-    try:
-        checked = replace(params, compat=RENOISE_COMPAT).check()
-    except UnmaskError as e:  # natively, name the model, not a mode the caller did not ask for
-        if params.compat is not None:
-            raise
-        raise UnmaskError(str(e).replace(f"compat {RENOISE_COMPAT!r} does not support",
-                                         f"this renoising {arch.family} model does not take"), param=e.param) from None
-    return replace(checked, compat=params.compat)
+    # its sampler's rules are its reference's; natively they refuse in the model's name
+    subject = None if params.compat is not None else f"this renoising {arch.family} model does not take"
+    return params.check(mode=get_mode(RENOISE_COMPAT), subject=subject)
 
 
 def model_kind(arch: ArchConfig) -> str:

@@ -8,7 +8,7 @@ import torch
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.params import GenerationParams
-from unmask.reference.modes import get_mode
+from unmask.compat import get_mode
 from unmask.tokenizer import Tokenizer
 
 

@@ -15,9 +15,7 @@ from pathlib import Path
 import torch
 
 from unmask.accept import accept, refuse_unused_renoising
-from unmask.engine import Engine, EngineConfig
-from unmask.engine.renoise import RenoiseEngine
-from unmask.engine.speculative import SpecEngine
+from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
 from unmask.inputs import check_prompts, encode, prompt_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
@@ -30,7 +28,7 @@ from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
-from unmask.reference.modes import COMPAT_MODES, get_mode
+from unmask.compat import COMPAT_MODES, get_mode
 from unmask.reference import run_reference
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
@@ -263,19 +261,17 @@ class LLM:
                    for r, raw in enumerate(decoded.rows)]
         return BatchOutput(results, decoded.steps, seconds, decoded.cache, decoded.prompt_len)
 
-    def engine(self, config: EngineConfig | None = None) -> Engine:
+    def engine(self, config: EngineConfig | None = None) -> EngineLike:
         """A request-level engine over this model (continuous batching; see unmask.engine). Under
         tensor parallelism, rank 0's engine, whose calls the other ranks replay in lockstep."""
         if self.ranks is not None:
             return LockstepEngine(self.ranks, self._engine(config), config)
         return self._engine(config)
 
-    def _engine(self, config: EngineConfig | None):
-        if self.drafter is not None:  # speculative decoding: the drafter proposes, this model verifies
-            return SpecEngine(self.model, self.drafter, self.token_ids, config)
-        if self.arch.canvas_length:  # a renoising model: its rows are canvases of random tokens
-            return RenoiseEngine(self.model, self.token_ids, config)
-        return Engine(self.model, self.token_ids, config)
+    def _engine(self, config: EngineConfig | None) -> Engine:
+        """The engine's row kind is the model's (engine/kind.py): speculative rows with a drafter
+        (it proposes, this model verifies), renoising canvases, or masked diffusion."""
+        return Engine(self.model, self.token_ids, config, drafter=self.drafter)
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
         """Offline generation is "add every request, step until done" on the serving engine."""
@@ -285,8 +281,7 @@ class LLM:
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0
-        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, q.seal_forwards, q.edits, q.remasked,
-                                  q.draft_forwards) for q in reqs]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, **q.counters()) for q in reqs]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
 
     def without_draft(self) -> "LLM":
@@ -310,8 +305,7 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float,
-                  seal_forwards: int = 0, edits: int = 0, remasked: int = 0, draft_forwards: int = 0) -> GenerationResult:
-        """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
-        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, seal_forwards, edits,
-                         remasked, draft_forwards)
+    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float, **counters) -> GenerationResult:
+        """A GenerationResult from a generated region: cut at the first stop id, detokenised;
+        `counters`: a row kind's (unmask.engine.kind.Stats) or a reference loop's by name."""
+        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, **counters)

@@ -31,6 +31,9 @@ class GenerationResult:
         return self.num_tokens / self.nfe if self.nfe else 0.0
 
 
+_COUNTERS = ("seal_forwards", "edits", "remasked", "draft_forwards")
+
+
 @dataclass
 class BatchOutput:
     results: list[GenerationResult]
@@ -60,11 +63,12 @@ class BatchOutput:
 
 
 def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
-              seal_forwards: int = 0, edits: int = 0, remasked: int = 0, draft_forwards: int = 0) -> GenerationResult:
-    """A GenerationResult from a generated region: cut at the first stop id, detokenised."""
+              **counters) -> GenerationResult:
+    """A GenerationResult from a generated region: cut at the first stop id, detokenised.
+    `counters`: what a row kind counted (unmask.engine.kind.Stats) by name; those the result has
+    a field for are kept (seal_forwards, edits, remasked, draft_forwards)."""
     cut = first_stop_index(raw, set(stop_ids))
     ids = raw if cut is None else raw[:cut]
     return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                             finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
-                            seconds=seconds, seal_forwards=seal_forwards, edits=edits, remasked=remasked,
-                            draft_forwards=draft_forwards)
+                            seconds=seconds, **{k: v for k, v in counters.items() if k in _COUNTERS})

@@ -225,9 +225,9 @@ def _gather_objects(obj) -> list:
 
 
 class LockstepEngine:
-    """Rank 0's engine under tensor parallelism: the engine's own surface (add_request, step,
-    abort, release and what the server reads); every call that changes the engine's state is
-    applied here at once and replayed on the other ranks before their next step."""
+    """Rank 0's engine under tensor parallelism, with the engine's surface (unmask.engine.EngineLike:
+    add_request, step, abort, release and what the server reads); every call that changes the
+    engine's state is applied here at once and replayed on the other ranks before their next step."""
 
     def __init__(self, ranks: Ranks, engine, config) -> None:
         self._ranks, self._engine = ranks, engine
@@ -235,8 +235,28 @@ class LockstepEngine:
         ranks.queue(("engine", self._id, config))
         weakref.finalize(self, ranks.queue, ("close", self._id))
 
-    def __getattr__(self, name):
-        return getattr(self._engine, name)
+    @property
+    def config(self):
+        return self._engine.config
+
+    @property
+    def requests(self) -> dict:
+        return self._engine.requests
+
+    @property
+    def trace(self):
+        return self._engine.trace
+
+    @property
+    def num_running(self) -> int:
+        return self._engine.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self._engine.num_waiting
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished()
 
     def add_request(self, prompt, params, request_id=None, watch=False):
         with self._ranks.lock:

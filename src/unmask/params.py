@@ -2,7 +2,7 @@
 
 Each field carries its help text and its range; the CLI flags, the lm-eval model arguments and
 the benchmark grid are generated from these fields, and the policy / cache / compat names come
-from their registries (unmask.sampler.policy, unmask.cache, unmask.reference.modes). `check()`
+from their registries (unmask.sampler.policy, unmask.cache, unmask.compat). `check()`
 rejects bad values with an UnmaskError that names the parameter, the value and what is allowed.
 
 Where values come from (`resolve_params`): what the caller gave, then the model's
@@ -16,7 +16,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from unmask.cache import CACHES
-from unmask.reference.modes import COMPAT_MODES, DREAM_ALGS, get_mode
+from unmask.compat import COMPAT_MODES, DREAM_ALGS, get_mode
 from unmask.errors import UnmaskError
 from unmask.sampler.policy import POLICIES
 from unmask.sampler.proposal import CONFIDENCES
@@ -125,17 +125,22 @@ class GenerationParams:
     def steps_per_block(self) -> int:
         return self.total_steps // self.num_blocks
 
-    def resolved(self) -> "GenerationParams":
+    def resolved(self, mode=None) -> "GenerationParams":
         """Apply what a compat mode implies (e.g. Dream decodes the canvas as one block)."""
-        return self if self.compat is None else get_mode(self.compat).resolve(self)
+        mode = mode or (None if self.compat is None else get_mode(self.compat))
+        return self if mode is None else mode.resolve(self)
 
-    def check(self, block_size: int = 0) -> "GenerationParams":
+    def check(self, block_size: int = 0, mode=None, subject: str | None = None) -> "GenerationParams":
         """Validate the rules between fields (each field was checked when built) and return the
         resolved parameters. `block_size`: the model's attention block when it is a
-        block-diffusion model (its blocks are fixed by position, so the canvas need not tile)."""
-        p = self.resolved()
-        tiles = p.compat is None or get_mode(p.compat).tiles
-        if block_size and p.compat is None:
+        block-diffusion model (its blocks are fixed by position, so the canvas need not tile).
+        `mode`: the compat mode whose rules apply (by default `compat`'s), and `subject` who
+        refuses what it cannot do (a renoising model's native sampler follows its reference's
+        rules and refuses in its own name)."""
+        mode = mode or (None if self.compat is None else get_mode(self.compat))
+        p = self.resolved(mode)
+        tiles = mode is None or mode.tiles
+        if block_size and mode is None:
             if block_size % p.block_length:
                 raise UnmaskError(f"block_length {p.block_length}: this block-diffusion model attends in blocks of "
                                   f"{block_size} positions (config bd_size); use block_length {block_size}, or a "
@@ -159,11 +164,11 @@ class GenerationParams:
         if p.alg is not None and p.compat != "dream":
             raise UnmaskError(f"alg {p.alg!r} is a Dream algorithm; use it with compat 'dream'")
         for name in RENOISE_KNOBS:
-            if getattr(p, name) is not None and p.compat not in (None, RENOISE_COMPAT):
+            if getattr(p, name) is not None and mode is not None and mode.name != RENOISE_COMPAT:
                 raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler, not of "
                                   f"compat {p.compat!r}", param=name)
-        if p.compat is not None:
-            get_mode(p.compat).check(p)
+        if mode is not None:
+            mode.check(p, subject)
         return p
 
 

@@ -1,6 +1,8 @@
-"""The request-level engine (engine.py) and its parts: row state, scheduler, model runner,
-commit and post-step bookkeeping. The reference loops live apart, in unmask.reference."""
+"""The request-level engine (engine.py) and its parts: the row kinds (kind.py: masked.py,
+renoise.py, speculative.py), row state, scheduler, random draws, model runner, commit and
+post-step bookkeeping. The reference loops live apart, in unmask.reference."""
 
-from unmask.engine.engine import Engine, EngineConfig, Request, Status, StepOutput
+from unmask.engine.engine import Engine, EngineConfig, EngineLike, Request, Status, StepOutput
+from unmask.engine.kind import ROW_KINDS
 
-__all__ = ["Engine", "EngineConfig", "Request", "Status", "StepOutput"]
+__all__ = ["ROW_KINDS", "Engine", "EngineConfig", "EngineLike", "Request", "Status", "StepOutput"]

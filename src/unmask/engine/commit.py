@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.engine.draws import Draws
 from unmask.engine.parts import DecodeParts
 from unmask.engine.rows import RowState
 from unmask.sampler.policy import Revision
@@ -26,10 +27,10 @@ class Committed:
 
 
 class Committer:
-    def __init__(self, rows: RowState, parts: dict[int, DecodeParts], mask_id: int, generators: dict,
+    def __init__(self, rows: RowState, parts: dict[int, DecodeParts], mask_id: int, draws: Draws,
                  tp=None, vocab: int = 0) -> None:
         """`tp`: the model's tensor-parallel group; the logits are then this rank's vocabulary slice."""
-        self.rows, self.parts, self.mask, self.generators = rows, parts, mask_id, generators
+        self.rows, self.parts, self.mask, self.draws = rows, parts, mask_id, draws
         self.tp, self.vocab = tp, vocab
 
     def commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool,
@@ -69,7 +70,7 @@ class Committer:
             if verify and parts.cache.verifies:  # the probability of each proposed token
                 doubt[sel] = parts.cache.doubts(token_prob(logits[sel], tok, self.tp, self.vocab), c)
             tokens[sel], commit[sel] = tok, c
-            if getattr(parts.policy, "revises", False):  # the policy may also revise the block's committed tokens
+            if parts.policy.revises:  # the policy may also revise the block's committed tokens
                 if edit is None:
                     edit, remask, prob_all = (torch.zeros_like(cand), torch.zeros_like(cand),
                                               torch.zeros(cand.shape, device=cand.device))
@@ -108,16 +109,11 @@ class Committer:
                          None if edit is None else edit.sum(-1), None if edit is None else remask.sum(-1))
 
     def _uniform(self, rows: torch.Tensor, shape) -> torch.Tensor:
-        """U(0, 1) draws for a revising policy: a row with its own generator (a seed) draws from
-        it, alone; the others draw together from the global generator."""
-        u = torch.rand(shape, device=self.rows.device)
-        if not self.generators:
-            return u
-        for i, row in enumerate(rows.tolist()):
-            g = self.generators.get(self.rows.reqs[row].id)
-            if g is not None:
-                u[i] = torch.rand(shape[1], generator=g, device=g.device).to(u.device)
-        return u
+        """U(0, 1) draws for a revising policy (engine/draws.py: seeded rows alone)."""
+        dev = self.rows.device
+        return self.draws.draw(shape[0], self.draws.seeded(self.rows.reqs, rows),
+                               lambda sel: torch.rand(shape if sel is None else (sel.numel(), shape[1]), device=dev),
+                               lambda k, g: torch.rand(shape[1], generator=g, device=g.device))
 
     def _show(self, idx, s, cols, still_open, tokens) -> None:
         """The playground's view of watched rows: what each open position would become this step."""
@@ -133,20 +129,36 @@ class Committer:
             req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
 
     def _propose(self, parts: DecodeParts, idx: torch.Tensor, logits: torch.Tensor):
-        """Proposals for rows of one setting: batched, except that a row with its own random
-        generator (a seed, with sampling or random order) draws alone, from its own generator and
-        in its own shape, so its draws do not depend on the other rows."""
+        """Proposals for rows of one setting in one batched call, except that a row with its own
+        random generator (a seed, with sampling or random order) draws alone, from its own
+        generator and in its own shape, so its draws do not depend on the other rows."""
         cfg = parts.proposal
         sampled = cfg.temperature > 0 or cfg.confidence == "random"
-        if not sampled:
+        seeded = self.draws.seeded(self.rows.reqs, idx) if sampled else []
+        if not seeded:
             p = propose(logits, cfg, None, self.tp, self.vocab)
             return p.tokens, p.score, p.entropy
+        own = {k for k, _ in seeded}
+        shared = [k for k in range(idx.numel()) if k not in own]
         width = (self.rows.e - self.rows.s)[idx].tolist()
-        out = [propose(logits[i : i + 1, : width[i]], cfg, self.generators.get(self.rows.reqs[row].id), self.tp,
-                       self.vocab) for i, row in enumerate(idx.tolist())]
         W = logits.shape[1]
         pad = lambda t, v: torch.nn.functional.pad(t, (0, W - t.shape[1]), value=v)  # noqa: E731
-        tokens = torch.cat([pad(p.tokens, self.mask) for p in out])
-        score = torch.cat([pad(p.score, -torch.inf) for p in out])
-        ent = None if out[0].entropy is None else torch.cat([pad(p.entropy, torch.inf) for p in out])
+        parts_out = []
+        if shared:
+            sel = torch.tensor(shared, dtype=torch.long, device=logits.device)
+            parts_out.append((sel, propose(logits[sel], cfg, None, self.tp, self.vocab)))
+        for k, g in seeded:
+            one = propose(logits[k : k + 1, : width[k]], cfg, g, self.tp, self.vocab)
+            parts_out.append((torch.tensor([k], device=logits.device), one))
+        first = parts_out[0][1]
+        tokens = torch.full((idx.numel(), W), self.mask, dtype=torch.long, device=logits.device)
+        score = torch.full((idx.numel(), W), -torch.inf, dtype=first.score.dtype, device=logits.device)
+        ent = None
+        for sel, p in parts_out:
+            tokens[sel] = pad(p.tokens, self.mask)
+            score[sel] = pad(p.score, -torch.inf)
+            if p.entropy is not None:
+                if ent is None:
+                    ent = torch.full((idx.numel(), W), torch.inf, dtype=p.entropy.dtype, device=logits.device)
+                ent[sel] = pad(p.entropy, torch.inf)
         return tokens, score, ent

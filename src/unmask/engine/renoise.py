@@ -1,15 +1,14 @@
-"""The request engine for renoising models (DiffusionGemma): `add_request` / `step` / `abort`, the
-same surface as unmask.engine.Engine, for rows whose canvas starts as random tokens and is
-rewritten until it stops (docs/diffusion-gemma.md).
+"""The renoising row kind (DiffusionGemma): rows whose canvas starts as random tokens and is
+rewritten until it stops (docs/diffusion-gemma.md), stepped by the one engine (engine.py).
 
 Every request is a row of batched tensors (its canvas, argmax canvas, self-conditioning logits,
 step counter, stability history, sampler settings, and its rows of the encoder's KV cache,
 unmask.cache.renoise_kv); a request joins at the next step and leaves the step it finishes. One
 step:
-1. admit waiting requests (continuous batching, at most `max_num_seqs` rows);
-2. budget: the positions a row computes this step are its new tokens if it must encode (its
-   prompt, or the canvas it just finished) plus its canvas; rows run oldest first while the sum
-   fits `max_num_batched_tokens` (the first always runs);
+1. the engine admits waiting requests (continuous batching, at most `max_num_seqs` rows);
+2. cost: the positions a row computes this step are its new tokens if it must encode (its
+   prompt, or the canvas it just finished) plus its canvas; the engine's token budget picks the
+   rows that run, oldest first (the first always runs);
 3. encode: one batched encoder pass over the rows with new tokens (right-padded, each row at its
    own positions); each of them starts a canvas of uniform random tokens;
 4. denoise: one batched denoiser pass over the running canvases, then DiffusionGemma's sampler
@@ -19,285 +18,250 @@ step:
    a canvas at a time (the stream sends it then; nothing inside a running canvas is final); the
    row finishes at an end-of-text id or once its answer reaches gen_length (cut there: at most
    gen_length tokens, where the reference returns whole canvases), else it encodes that canvas
-   at its next step.
+   at its next step. Only the rows whose canvas stopped are reported (their forwards since the
+   last report, and the canvas's tokens as one commit at its last forward).
 Random draws: a request with a seed draws from its own generator, alone and in the reference's
 order, so its output is what transformers' `generate` returns for that prompt alone after
-`torch.manual_seed(seed)`; requests without one draw together from torch's global generator.
+`torch.manual_seed(seed)`; requests without one draw together from torch's global generator (engine/draws.py).
 Each request's output depends on no other request (its own positions, its own cache rows).
 """
 
 import time
-from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from unmask.cache.renoise_kv import RenoiseKV
-from unmask.engine.front import RequestFront
-from unmask.engine.request import EngineConfig, Request, Status, StepOutput
-from unmask.models.base import TokenIds
-from unmask.params import GenerationParams
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
+from unmask.engine.rows import Rows, per_row
 from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.trace import ForwardRecord
 
-_SETTINGS = ("t_min", "t_span", "max_denoising_steps", "gamma", "stability_threshold", "confidence_threshold")
+
+@dataclass
+class RenoiseStats(Stats):
+    canvases: int = 0  # canvases the row finished (each joined its answer)
 
 
-class RenoiseEngine(RequestFront):
-    def __init__(self, model, tokens: TokenIds, config: EngineConfig | None = None) -> None:
-        super().__init__(model.config, next(model.parameters()).device, config)
-        self.model, self.tokens = model, tokens
-        self.L, self.V = self.arch.canvas_length, self.arch.vocab_size
-        self.stop_ids = torch.tensor(tokens.stop, device=self.device)
-        self.pad = tokens.pad if tokens.pad is not None else tokens.eos
-        self.trace: deque[ForwardRecord] = deque(maxlen=self.config.trace_limit)
-        lay = self.arch.layout
-        self.kv = RenoiseKV(lay.sliding, lay.window, 0, self.device)
-        self.reqs: list[Request] = []
-        self.pending: list[torch.Tensor | None] = []  # per row: the tokens it encodes next, or None
-        self.answers: list[list[int]] = []  # per row: the finished canvases (its committed text and padding)
-        z = lambda dtype: torch.zeros(0, dtype=dtype, device=self.device)  # noqa: E731
-        self.start, self.step_left, self.nfe = z(torch.long), z(torch.long), z(torch.long)
-        self.new_len = z(torch.long)  # per row: tokens it encodes next (its prompt, its finished canvas), or 0
-        self.canvas_nfe = z(torch.long)
-        self.set = {name: z(torch.float32 if name in ("t_min", "t_span", "gamma", "confidence_threshold")
-                            else torch.long) for name in _SETTINGS}
+@dataclass
+class RenoiseRows(Rows):
+    """A renoising row's canvas, its sampler's state and settings."""
+
+    start: torch.Tensor = per_row()  # encoder slots written (the canvas's first position)
+    step_left: torch.Tensor = per_row()  # denoising steps left in this canvas
+    nfe: torch.Tensor = per_row()  # denoiser forwards since the row last reported
+    new_len: torch.Tensor = per_row()  # tokens it encodes next (its prompt, its finished canvas), or 0
+    t_min: torch.Tensor = per_row(torch.float32)
+    t_span: torch.Tensor = per_row(torch.float32)  # t_max - t_min
+    max_denoising_steps: torch.Tensor = per_row()
+    gamma: torch.Tensor = per_row(torch.float32)
+    stability_threshold: torch.Tensor = per_row()
+    confidence_threshold: torch.Tensor = per_row(torch.float32)
+    has_sc: torch.Tensor = per_row(torch.bool)  # sc holds the row's last step
+    canvas: torch.Tensor = per_row()  # (n, L) the running canvas
+    argmax: torch.Tensor = per_row()  # (n, L) its argmax canvas
+    cells: torch.Tensor = per_row(torch.int8)  # (n, L) the playground's cell states
+    history: torch.Tensor = per_row(fill=-1)  # (n, kmax, L) the last argmax canvases, the newest last
+    sc: torch.Tensor | None = per_row(torch.float32, lazy=True)  # (n, L, V) processed logits of the last step
+    L: int = 0
+    pending: list = None  # per row: the tokens it encodes next, or None
+    answers: list = None  # per row: the finished canvases (its committed text and padding)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         self.canvas = torch.zeros(0, self.L, dtype=torch.long, device=self.device)
-        self.argmax = self.canvas.clone()
-        self.cells = torch.zeros(0, self.L, dtype=torch.int8, device=self.device)
-        self.sc: torch.Tensor | None = None  # (n, L, V) processed logits of each row's last step
-        self.has_sc = z(torch.bool)
+        self.argmax, self.cells = self.canvas.clone(), self.canvas.to(torch.int8)
         self.history = torch.zeros(0, 0, self.L, dtype=torch.long, device=self.device)
+        self.pending, self.answers = [], []
 
-    # --- requests (as Engine) --------------------------------------------------------------------
-    def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
-                    watch: bool = False) -> Request:
-        return self._new_request(prompt, params, request_id, watch, None)
+    def keep(self, keep: torch.Tensor) -> None:
+        idx = keep.tolist()
+        self.pending = [self.pending[i] for i in idx]
+        self.answers = [self.answers[i] for i in idx]
+        super().keep(keep)
+        kmax = int(self.stability_threshold.max()) if idx else 0  # the history the rows still need
+        self.history = self.history[:, self.history.shape[1] - kmax:] if kmax else self.history[:, :0]
 
-    def _drop_row(self, req: Request) -> None:
-        i = self.reqs.index(req)
-        self._keep(torch.tensor([j for j in range(len(self.reqs)) if j != i], dtype=torch.long, device=self.device))
 
-    def has_unfinished(self) -> bool:
-        return bool(self.scheduler.waiting or self.reqs)
+@ROW_KINDS.register
+class RenoiseKind:
+    name = "renoise"
+    Stats = RenoiseStats
 
-    @property
-    def num_running(self) -> int:
-        return len(self.reqs)
+    def __init__(self, ctx: KindContext) -> None:
+        self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws
+        arch = ctx.model.config
+        self.L, self.V = arch.canvas_length, arch.vocab_size
+        self.pad = self.tokens.pad if self.tokens.pad is not None else self.tokens.eos
+        self.stop = set(self.tokens.stop)
+        self.rows = RenoiseRows(self.device, self.pad, L=self.L)
+        self.kv = RenoiseKV(arch.layout.sliding, arch.layout.window, 0, self.device)
+        self.watching = 0
+
+    def prepare(self, params) -> None:
+        return None
+
+    # --- rows --------------------------------------------------------------------------------------
+    def admit(self, reqs: list) -> None:
+        r, n = self.rows, len(reqs)
+        p = [q.params for q in reqs]
+        kmax = max([x.stability_threshold for x in p] + [r.history.shape[1]])
+        grow = kmax - r.history.shape[1]
+        if grow > 0:  # a longer history for a new row's larger threshold: older entries (never matched) in front
+            r.history = torch.cat([r.history.new_full((r.n, grow, self.L), -1), r.history], 1)
+        r.append(reqs, {
+            "t_min": [x.t_min for x in p],
+            "t_span": [x.t_max - x.t_min for x in p],  # float32 of the float64 difference
+            "max_denoising_steps": [x.max_denoising_steps for x in p], "gamma": [x.gamma for x in p],
+            "stability_threshold": [x.stability_threshold for x in p],
+            "confidence_threshold": [x.confidence_threshold for x in p],
+            "new_len": [len(q.prompt) for q in reqs]})
+        r.pending += [torch.tensor(q.prompt, dtype=torch.long, device=self.device) for q in reqs]
+        r.answers += [[] for _ in reqs]
+        self.kv.add_rows(n)
+        self.watching += sum(q.watch for q in reqs)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        gone = set(range(self.rows.n)) - set(rows.tolist())
+        self.watching -= sum(self.rows.reqs[i].watch for i in gone)
+        self.rows.keep(rows)
+        self.kv.keep(rows)
+
+    def drop(self, req) -> None:
+        i = self.rows.reqs.index(req)
+        self.keep(torch.tensor([j for j in range(self.rows.n) if j != i], dtype=torch.long, device=self.device))
 
     # --- one step --------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def step(self) -> list[StepOutput]:
-        self._admit()
-        if not self.reqs:
-            return []
-        encode = self.new_len > 0
-        cost = self.new_len + self.L
-        run = torch.cumsum(cost, 0) <= self.config.max_num_batched_tokens
-        run[0] = True
-        enc_rows = (run & encode).nonzero().squeeze(-1)
-        if enc_rows.numel():
-            self._encode(enc_rows)
-        den_rows = run.nonzero().squeeze(-1)
-        ended = self._denoise(den_rows)
-        return self._after(ended)
+    def cost(self) -> Cost:
+        return Cost(self.rows.new_len + self.L)
 
-    def _encode(self, rows: torch.Tensor) -> None:
+    def decode(self, run: torch.Tensor) -> Report:
+        report = Report()
+        enc_rows = (run & (self.rows.new_len > 0)).nonzero().squeeze(-1)
+        if enc_rows.numel():
+            report.records.append(self._encode(enc_rows))
+        ended = self._denoise(run.nonzero().squeeze(-1), report)
+        self._report(ended, report)
+        return report
+
+    def _encode(self, rows: torch.Tensor) -> ForwardRecord:
         """One encoder pass over `rows`' new tokens; each then starts a canvas."""
-        t0 = time.perf_counter()
+        t0, r = time.perf_counter(), self.rows
         idx = rows.tolist()
-        new = torch.nn.utils.rnn.pad_sequence([self.pending[i] for i in idx], batch_first=True,
-                                              padding_value=self.pad)
-        n = torch.tensor([len(self.pending[i]) for i in idx], device=self.device)
+        new = torch.nn.utils.rnn.pad_sequence([r.pending[i] for i in idx], batch_first=True, padding_value=self.pad)
+        n = r.new_len[rows]
         held = torch.arange(new.shape[1], device=self.device)[None] < n[:, None]
-        positions = self.start[rows][:, None] + torch.arange(new.shape[1], device=self.device)[None]
+        positions = r.start[rows][:, None] + torch.arange(new.shape[1], device=self.device)[None]
         kv = self.kv.select(rows)
         with kv.writing(positions, held, held):
             self.model.encode(new, positions, kv)
         self.kv.put(rows, kv)
-        self.start[rows] += n
-        self.new_len[rows] = 0
+        r.start[rows] += n
+        r.new_len[rows] = 0
         for i in idx:
-            self.pending[i] = None
+            r.pending[i] = None
         # a fresh canvas: the reference's randint (B, L), per seeded row from its own generator
-        self.canvas[rows] = self._randint(rows)
-        self.argmax[rows] = self.canvas[rows]
-        self.has_sc[rows] = False
-        self.step_left[rows] = self.set["max_denoising_steps"][rows]
-        self.canvas_nfe[rows] = 0
-        if self.history.shape[0]:
-            self.history[:, rows] = -1
-        self.trace.append(ForwardRecord(kind="encode", rows=len(idx), positions=float(n.float().mean()),
-                                        committed=0, seconds=time.perf_counter() - t0))
+        r.canvas[rows] = self._randint(rows)
+        r.argmax[rows] = r.canvas[rows]
+        r.has_sc[rows] = False
+        r.step_left[rows] = r.max_denoising_steps[rows]
+        r.history[rows] = -1
+        return ForwardRecord(kind="encode", rows=len(idx), positions=float(n.float().mean()), committed=0,
+                             seconds=time.perf_counter() - t0)
 
-    def _denoise(self, rows: torch.Tensor) -> torch.Tensor:
+    def _denoise(self, rows: torch.Tensor, report: Report) -> torch.Tensor:
         """One denoising step of `rows`' canvases; returns the (n,) rows whose canvas stopped."""
-        t0 = time.perf_counter()
-        everyone = rows.numel() == len(self.reqs)
+        t0, r = time.perf_counter(), self.rows
+        everyone = rows.numel() == r.n
         kv = self.kv if everyone else self.kv.select(rows)
-        positions = self.start[rows][:, None] + torch.arange(self.L, device=self.device)[None]
-        sc = None if self.sc is None or not bool(self.has_sc[rows].any()) else self.sc[rows]
-        logits = self.model.denoise(self.canvas[rows], positions, kv, sc, self.has_sc[rows])
-        s = {k: v[rows] for k, v in self.set.items()}
-        frac = self.step_left[rows].to(torch.int32) / s["max_denoising_steps"].to(torch.int32)
-        temp = s["t_min"] + s["t_span"] * frac  # float32, as the reference's logits processor
+        positions = r.start[rows][:, None] + torch.arange(self.L, device=self.device)[None]
+        sc = None if r.sc is None or not bool(r.has_sc[rows].any()) else r.sc[rows]
+        logits = self.model.denoise(r.canvas[rows], positions, kv, sc, r.has_sc[rows])
+        steps = r.max_denoising_steps[rows]
+        frac = r.step_left[rows].to(torch.int32) / steps.to(torch.int32)
+        temp = r.t_min[rows] + r.t_span[rows] * frac  # float32, as the reference's logits processor
         processed = logits / temp[:, None, None]
         probs = torch.softmax(processed, dim=-1, dtype=torch.float32)
         sample = self._multinomial(rows, probs)
         new_argmax = processed.argmax(-1)
         entropy = categorical_entropy(processed)
-        accepted = accept_mask(entropy, s["gamma"][:, None])
+        accepted = accept_mask(entropy, r.gamma[rows][:, None])
         noise = self._randint(rows)
-        self.canvas[rows] = torch.where(accepted, sample, noise)
+        r.canvas[rows] = torch.where(accepted, sample, noise)
         # the playground's cell states: 2 stable (argmax unchanged), 1 accepted, 0 renoised
-        self.cells[rows] = torch.where(new_argmax == self.argmax[rows], 2, accepted.to(torch.int8)).to(torch.int8)
-        self.argmax[rows] = new_argmax
-        stable = self._stable(rows, new_argmax, s["stability_threshold"])
-        confident = entropy.mean(-1) < s["confidence_threshold"]
-        if self.sc is None:
-            self.sc = processed.new_zeros(len(self.reqs), self.L, self.V)
-        self.sc[rows] = processed
-        self.has_sc[rows] = True
-        self.step_left[rows] -= 1
-        self.nfe[rows] += 1
-        self.canvas_nfe[rows] += 1
-        ended = torch.zeros(len(self.reqs), dtype=torch.bool, device=self.device)
-        ended[rows] = (stable & confident) | (self.step_left[rows] == 0)
-        self.trace.append(ForwardRecord(kind="full", rows=rows.numel(), positions=float(self.L), committed=0,
-                                        seconds=time.perf_counter() - t0))
+        r.cells[rows] = torch.where(new_argmax == r.argmax[rows], 2, accepted.to(torch.int8)).to(torch.int8)
+        r.argmax[rows] = new_argmax
+        stable = self._stable(rows, new_argmax, r.stability_threshold[rows])
+        confident = entropy.mean(-1) < r.confidence_threshold[rows]
+        if r.sc is None:
+            r.sc = processed.new_zeros(r.n, self.L, self.V)
+        r.sc[rows] = processed
+        r.has_sc[rows] = True
+        r.step_left[rows] -= 1
+        r.nfe[rows] += 1
+        ended = torch.zeros(r.n, dtype=torch.bool, device=self.device)
+        ended[rows] = (stable & confident) | (r.step_left[rows] == 0)
+        report.records.append(ForwardRecord(kind="full", rows=rows.numel(), positions=float(self.L), committed=0,
+                                            seconds=time.perf_counter() - t0))
         return ended
 
     def _stable(self, rows, argmax, k) -> torch.Tensor:
         """The argmax canvas equals each of the row's last k (its stability_threshold) ones."""
-        if not self.history.shape[0]:
+        r = self.rows
+        kmax = r.history.shape[1]
+        if not kmax:
             return torch.ones(rows.numel(), dtype=torch.bool, device=self.device)
-        h = self.history[:, rows]  # (kmax, r, L), the newest last
-        kmax = h.shape[0]
-        counts = (h == argmax[None]).all(-1)  # (kmax, r)
-        window = torch.arange(kmax, device=self.device)[:, None] >= kmax - k[None, :]
-        stable = (counts | ~window).all(0)
-        self.history[:, rows] = torch.cat([h[1:], argmax[None]], 0)
+        h = r.history[rows]  # (r, kmax, L), the newest last
+        same = (h == argmax[:, None]).all(-1)  # (r, kmax)
+        window = torch.arange(kmax, device=self.device)[None, :] >= kmax - k[:, None]
+        stable = (same | ~window).all(1)
+        r.history[rows] = torch.cat([h[:, 1:], argmax[:, None]], 1)
         return stable
 
     def _multinomial(self, rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """One categorical draw per position (the reference's torch.multinomial over (B*L, V))."""
-        seeded = [(i, self.generators.get(self.reqs[r].id)) for i, r in enumerate(rows.tolist())]
-        out = torch.empty(probs.shape[:2], dtype=torch.long, device=self.device)
-        shared = [i for i, g in seeded if g is None]
-        if shared:
-            out[shared] = torch.multinomial(probs[shared].view(-1, self.V), 1).view(len(shared), self.L)
-        for i, g in seeded:  # a seeded request draws alone, from its own generator
-            if g is not None:
-                out[i] = torch.multinomial(probs[i], 1, generator=g).view(self.L)
-        return out
+        return self.draws.draw(
+            rows.numel(), self.draws.seeded(self.rows.reqs, rows),
+            lambda sel: torch.multinomial((probs if sel is None else probs[sel]).view(-1, self.V), 1).view(-1, self.L),
+            lambda k, g: torch.multinomial(probs[k], 1, generator=g).view(self.L))
 
     def _randint(self, rows: torch.Tensor) -> torch.Tensor:
-        seeded = [(i, self.generators.get(self.reqs[r].id)) for i, r in enumerate(rows.tolist())]
-        out = torch.empty(rows.numel(), self.L, dtype=torch.long, device=self.device)
-        shared = [i for i, g in seeded if g is None]
-        if shared:
-            out[shared] = torch.randint(0, self.V, (len(shared), self.L), device=self.device)
-        for i, g in seeded:
-            if g is not None:
-                out[i] = torch.randint(0, self.V, (1, self.L), generator=g, device=g.device).to(self.device)[0]
-        return out
+        dev = self.device
+        return self.draws.draw(
+            rows.numel(), self.draws.seeded(self.rows.reqs, rows),
+            lambda sel: torch.randint(0, self.V, (rows.numel() if sel is None else sel.numel(), self.L), device=dev),
+            lambda k, g: torch.randint(0, self.V, (1, self.L), generator=g, device=g.device)[0])
 
-    def _after(self, ended: torch.Tensor) -> list[StepOutput]:
-        """Canvases that stopped join their answers; finished rows leave; outputs."""
-        outputs, gone = [], []
-        stop = set(self.tokens.stop)
-        for i in ended.nonzero().squeeze(-1).tolist():  # host work once per finished canvas, not per step
-            req, ids = self.reqs[i], self.argmax[i].tolist()
-            cut = next((j for j, t in enumerate(ids) if t in stop), None)
-            before = len(_text(self.answers[i], stop))
-            n = int(self.canvas_nfe[i])
+    def _report(self, ended: torch.Tensor, report: Report) -> None:
+        """Canvases that stopped join their answers (host work once per finished canvas, not per
+        step); the rows whose answer is complete are done; watched rows show their canvas."""
+        r = self.rows
+        for i in ended.nonzero().squeeze(-1).tolist():
+            req, ids = r.reqs[i], r.argmax[i].tolist()
+            cut = next((j for j, t in enumerate(ids) if t in self.stop), None)
+            before = len(_text(r.answers[i], self.stop))
+            n = int(r.nfe[i])
             kept = len(ids) if cut is None else cut + 1
-            req.commits.extend([0] * (n - 1) + [kept])
             if cut is not None:
                 ids = ids[: cut + 1] + [self.pad] * (len(ids) - cut - 1)
-            self.answers[i] = (self.answers[i] + ids)[: req.params.gen_length]  # at most gen_length tokens
-            req.nfe = int(self.nfe[i])
-            if req.first_commit is None:
-                req.first_commit = time.perf_counter()
-            finished = cut is not None or len(self.answers[i]) >= req.params.gen_length
-            committed = _text(self.answers[i], stop)
-            req.committed = len(committed)
-            outputs.append(StepOutput(req, len(committed), committed[before:], finished,
-                                      *(self._watched(i, final=True) if req.watch else (None, None))))
+            r.answers[i] = (r.answers[i] + ids)[: req.params.gen_length]  # at most gen_length tokens
+            finished = cut is not None or len(r.answers[i]) >= req.params.gen_length
+            committed = _text(r.answers[i], self.stop)
+            report.row(i, len(committed), committed[before:], n, [0] * (n - 1) + [kept], finished, RenoiseStats(1))
+            r.nfe[i] = 0
+            if req.watch:
+                report.views[i] = (r.answers[i], ["committed"] * len(r.answers[i]))
             if finished:
-                gone.append(i)
-                self._finish(req, Status.FINISHED, "stop" if cut is not None else "length", self.answers[i])
+                report.answers[i] = r.answers[i]
             else:
-                self.pending[i] = self.argmax[i].clone()
-                self.new_len[i] = self.L
-        for i in (j for j, req in enumerate(self.reqs) if req.watch):  # watched rows: the provisional canvas
-            req = self.reqs[i]
-            if not bool(ended[i]):
-                outputs.append(StepOutput(req, req.committed, [], False, *self._watched(i)))
-        if gone:
-            self._keep(torch.tensor([j for j in range(len(self.reqs)) if j not in set(gone)], dtype=torch.long,
-                                    device=self.device))
-        return outputs
-
-    def _watched(self, i: int, final: bool = False) -> tuple[list[int], list[str]]:
-        """A watched row's answer so far and its provisional argmax canvas (not final), with each
-        position's state; `final`: the canvas just joined the answer."""
-        done = ["committed"] * len(self.answers[i])
-        if final:
-            return self.answers[i], done
-        names = ("renoised", "accepted", "stable")
-        return self.answers[i] + self.argmax[i].tolist(), done + [names[c] for c in self.cells[i].tolist()]
-
-    # --- rows --------------------------------------------------------------------------------------
-    def _admit(self) -> None:
-        new = self.scheduler.admit(len(self.reqs))
-        if not new:
-            return
-        t = lambda vals, dtype: torch.tensor(vals, dtype=dtype, device=self.device)  # noqa: E731
-        n = len(new)
-        for req in new:
-            req.status, req.started = Status.RUNNING, time.perf_counter()
-            self.reqs.append(req)
-            self.pending.append(torch.tensor(req.prompt, dtype=torch.long, device=self.device))
-            self.answers.append([])
-        p = [q.params for q in new]
-        add = {"t_min": t([x.t_min for x in p], torch.float32),
-               "t_span": t([x.t_max - x.t_min for x in p], torch.float32),  # float32 of the float64 difference
-               "max_denoising_steps": t([x.max_denoising_steps for x in p], torch.long),
-               "gamma": t([x.gamma for x in p], torch.float32),
-               "stability_threshold": t([x.stability_threshold for x in p], torch.long),
-               "confidence_threshold": t([x.confidence_threshold for x in p], torch.float32)}
-        for k, v in add.items():
-            self.set[k] = torch.cat([self.set[k], v])
-        zeros = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.start, self.step_left = torch.cat([self.start, zeros]), torch.cat([self.step_left, zeros])
-        self.new_len = torch.cat([self.new_len, t([len(q.prompt) for q in new], torch.long)])
-        self.nfe, self.canvas_nfe = torch.cat([self.nfe, zeros]), torch.cat([self.canvas_nfe, zeros])
-        self.has_sc = torch.cat([self.has_sc, zeros.bool()])
-        self.canvas = torch.cat([self.canvas, self.canvas.new_zeros(n, self.L)])
-        self.argmax = torch.cat([self.argmax, self.argmax.new_zeros(n, self.L)])
-        self.cells = torch.cat([self.cells, self.cells.new_zeros(n, self.L)])
-        if self.sc is not None:
-            self.sc = torch.cat([self.sc, self.sc.new_zeros(n, self.L, self.V)])
-        kmax = max(int(self.set["stability_threshold"].max()), 0)
-        grow = kmax - self.history.shape[0]
-        # a longer history for a new row's larger threshold: older entries (never matched) in front
-        self.history = torch.cat([self.history.new_full((max(grow, 0), *self.history.shape[1:]), -1), self.history])
-        self.history = torch.cat([self.history, self.history.new_full((self.history.shape[0], n, self.L), -1)], 1)
-        self.kv.add_rows(n)
-
-    def _keep(self, rows: torch.Tensor) -> None:
-        idx = rows.tolist()
-        self.reqs = [self.reqs[i] for i in idx]
-        self.pending = [self.pending[i] for i in idx]
-        self.answers = [self.answers[i] for i in idx]
-        for name in ("start", "step_left", "nfe", "canvas_nfe", "new_len", "has_sc", "canvas", "argmax", "cells"):
-            setattr(self, name, getattr(self, name)[rows])
-        self.set = {k: v[rows] for k, v in self.set.items()}
-        self.sc = None if self.sc is None or not idx else self.sc[rows]
-        self.history = self.history[:, rows]
-        kmax = int(self.set["stability_threshold"].max()) if idx else 0
-        self.history = self.history[self.history.shape[0] - kmax:] if kmax else self.history[:0]
-        self.kv.keep(rows)
+                r.pending[i] = r.argmax[i].clone()
+                r.new_len[i] = self.L
+        if self.watching:  # watched rows whose canvas runs on: the provisional canvas (not final)
+            names = ("renoised", "accepted", "stable")
+            for i, req in enumerate(r.reqs):
+                if req.watch and i not in report.views:
+                    done = ["committed"] * len(r.answers[i])
+                    report.views[i] = (r.answers[i] + r.argmax[i].tolist(), done + [names[c] for c in r.cells[i].tolist()])
 
 
 def _text(answer: list[int], stop: set) -> list[int]:

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from enum import Enum
 
-from unmask.engine.parts import DecodeParts
+from unmask.engine.kind import Stats
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
 
@@ -47,17 +47,12 @@ class Request:
     id: str
     prompt: list[int]
     params: GenerationParams
-    parts: DecodeParts
+    parts: object  # what its row kind prepared from the parameters (masked rows: engine/parts.py), or None
     arrival: float
     status: Status = Status.WAITING
-    nfe: int = 0
-    seal_forwards: int = 0  # of its forwards, those that wrote a finished block's exact K/V (block models)
-    edits: int = 0  # committed tokens its policy replaced (token-to-token editing)
-    remasked: int = 0  # committed tokens its policy masked again (remasking)
+    nfe: int = 0  # forwards of the model it took part in
     commits: list[int] = field(default_factory=list)  # tokens committed at each of its forwards
-    draft_forwards: int = 0  # speculative rows: drafter forwards (each proposes `drafted` / draft_forwards tokens)
-    drafted: int = 0  # speculative rows: draft tokens proposed to the target
-    accepted: int = 0  # speculative rows: of those, the ones the target accepted
+    stats: Stats | None = None  # its row kind's own counters (edits, seal forwards, drafted tokens...)
     committed: int = 0  # contiguous committed tokens from the start of the answer
     canvas: list[int] | None = None  # the generated region when finished (MASK where never committed)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -65,7 +60,11 @@ class Request:
     first_commit: float | None = None  # first step that grew the committed prefix
     finished: float | None = None
     watch: bool = False  # report the whole canvas and this step's proposals (the playground)
-    proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step
+    proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
+
+    def counters(self) -> dict:
+        """Its row kind's counters by name (empty before it was added)."""
+        return {} if self.stats is None else self.stats.as_dict()
 
     @property
     def done(self) -> bool:
@@ -85,6 +84,6 @@ class StepOutput:
     # canvas), or in the running canvas (whose argmax `canvas` shows) "stable" (argmax unchanged
     # this step), "accepted" (changed, and accepted by the sampler) or "renoised" (changed, renoised)
     states: list[str] | None = None
-    # speculative rows: draft tokens proposed to the target and accepted by it in this step
-    drafted: int = 0
-    accepted: int = 0
+    stats: Stats | None = None  # the row kind's counters of this step (e.g. speculative rows' drafted, accepted)
+    forwards: int = 0  # forwards of the model the request took part in during this step
+    tokens: int = 0  # tokens it committed in them

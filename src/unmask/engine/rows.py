@@ -1,10 +1,12 @@
-"""The running requests as rows of batched tensors: what the engine, the cache policies and the
-schedule read and write each step.
+"""Running requests as rows of batched tensors: the generic container every row kind keeps its
+per-row state in, and the masked kind's own rows (RowState).
 
-Canvases are right-padded to a capacity `cap`; column `cap` is a scratch column that padded
-entries write to, so scatters never collide with real columns. Every per-row tensor is a field
-of RowState declared with `per_row()`; `add` and `keep` go over those fields, so a new one is a
-line here."""
+A row kind declares its per-row tensors as dataclass fields with `per_row()`; `append`, `keep`
+and `grow` go over those fields, so a new one is a line in the kind's rows and no hand-written
+list of names. Canvas-wide fields (`cols=True`) are right-padded to a capacity `cap`; column `cap`
+is a scratch column that padded entries write to, so scatters never collide with real columns.
+Per-layer fields (`layers=True`: K/V rows) are lists of (n, H, cap + 1, D) tensors, allocated by
+the first forward that writes them and freed when the last row leaves; `lazy` fields likewise."""
 
 from dataclasses import dataclass, field, fields
 
@@ -13,18 +15,109 @@ import torch
 from unmask.sampler.schedule import even_split
 
 
-def per_row(dtype=torch.long, width: bool = False):
-    """A per-row tensor field: (n,) or, with `width`, (n, columns)."""
-    return field(default=None, metadata={"per_row": True, "dtype": dtype, "width": width})
+def per_row(dtype=torch.long, cols: bool = False, fill=0, lazy: bool = False, layers: bool = False):
+    """A per-row field: (n,), or with `cols` (n, cap + 1) padded with `fill` ("pad": the pad id), or a tensor whose
+    first dimension is the row (any trailing shape, set by the kind when it starts empty).
+    `lazy`: None until the kind allocates it for every row; `layers`: a list of per-layer
+    (n, H, cap + 1, D) tensors, lazy as well."""
+    return field(default=None, metadata={"per_row": True, "dtype": dtype, "cols": cols, "fill": fill,
+                                         "lazy": lazy or layers, "layers": layers})
 
 
 @dataclass
-class RowState:
+class Rows:
     device: torch.device
     pad_id: int
-    # per-row tensors
-    x: torch.Tensor = per_row(width=True)  # (n, cap + 1) token ids
-    pos: torch.Tensor = per_row(width=True)  # (n, cap + 1) RoPE positions
+    reqs: list = field(default_factory=list)
+    cap: int = 0
+
+    def __post_init__(self) -> None:
+        for f in self._fields():
+            if not f.metadata["lazy"]:
+                shape = (0, 1) if f.metadata["cols"] else (0,)
+                setattr(self, f.name, torch.zeros(shape, dtype=f.metadata["dtype"], device=self.device))
+
+    @classmethod
+    def _fields(cls):
+        return [f for f in fields(cls) if f.metadata.get("per_row")]
+
+    @property
+    def n(self) -> int:
+        return len(self.reqs)
+
+    def _fill(self, f):
+        return self.pad_id if f.metadata["fill"] == "pad" else f.metadata["fill"]
+
+    def grow(self, cap: int) -> None:
+        """Widen every canvas-wide field (and the K/V rows) to `cap` columns plus the scratch one."""
+        if cap <= self.cap:
+            return
+        extra = cap - self.cap
+        for f in self._fields():
+            t = getattr(self, f.name)
+            if t is None:
+                continue
+            if f.metadata["layers"]:
+                setattr(self, f.name, [torch.cat([u[:, :, : self.cap], u.new_zeros(*u.shape[:2], extra + 1,
+                                                                                     u.shape[3])], 2) for u in t])
+            elif f.metadata["cols"]:
+                pad = torch.full((t.shape[0], extra + 1), self._fill(f), dtype=t.dtype, device=t.device)
+                setattr(self, f.name, torch.cat([t[:, : self.cap], pad], 1))
+        self.cap = cap
+
+    def append(self, reqs: list, values: dict) -> None:
+        """Append `reqs` as rows; `values[name]`: a (k, ...) tensor (or a list / scalar) for each
+        eager field (a canvas-wide one at the current capacity); lazy fields that exist get rows of
+        zeros, and an eager field not given gets its fill."""
+        k = len(reqs)
+        for f in self._fields():
+            cur = getattr(self, f.name)
+            if cur is None:
+                continue
+            if f.metadata["layers"]:
+                setattr(self, f.name, [torch.cat([u, u.new_zeros(k, *u.shape[1:])]) for u in cur])
+                continue
+            value = values.get(f.name)
+            if value is None:
+                value = cur.new_full((k, *cur.shape[1:]), self._fill(f))
+            elif not isinstance(value, torch.Tensor):
+                value = torch.tensor(value if isinstance(value, list) else [value] * k, dtype=f.metadata["dtype"])
+            setattr(self, f.name, torch.cat([cur, value.to(self.device, f.metadata["dtype"])]))
+        self.reqs += reqs
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Keep only rows `keep` (in that order); the others leave and free their rows."""
+        self.reqs = [self.reqs[i] for i in keep.tolist()]
+        for f in self._fields():
+            t = getattr(self, f.name)
+            if t is None:
+                continue
+            if not self.reqs and f.metadata["lazy"]:  # the last row left: free the buffers
+                setattr(self, f.name, None)
+            elif f.metadata["layers"]:
+                setattr(self, f.name, [u[keep] for u in t])
+            else:
+                setattr(self, f.name, t[keep])
+
+    def drop(self, req) -> None:
+        """Remove one request's row."""
+        i = self.reqs.index(req)
+        self.keep(torch.tensor([j for j in range(self.n) if j != i], dtype=torch.long, device=self.device))
+
+    def layer_buffers(self, name: str, num_layers: int, like: torch.Tensor) -> list:
+        """The per-layer field `name`, allocated now as (n, H, cap + 1, D) zeros if it is not yet."""
+        if getattr(self, name) is None:
+            shape = (self.n, like.shape[1], self.cap + 1, like.shape[3])
+            setattr(self, name, [like.new_zeros(shape) for _ in range(num_layers)])
+        return getattr(self, name)
+
+
+@dataclass
+class RowState(Rows):
+    """A masked row's canvas and its block, schedule and cache-policy counters."""
+
+    x: torch.Tensor = per_row(cols=True, fill="pad")  # (n, cap + 1) token ids
+    pos: torch.Tensor = per_row(cols=True)  # (n, cap + 1) RoPE positions
     L: torch.Tensor = per_row()  # canvas end: prompt + gen_length
     P: torch.Tensor = per_row()  # prompt end
     blk: torch.Tensor = per_row()  # block length
@@ -41,37 +134,17 @@ class RowState:
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
     max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
     post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
-    conf: torch.Tensor = per_row(torch.float32, width=True)  # (n, cap + 1) each token's probability when committed
-    quota: torch.Tensor = per_row(width=True)  # (n, steps) tokens to commit at each step of the block
-    # host-side
-    reqs: list = field(default_factory=list)
+    conf: torch.Tensor = per_row(torch.float32, cols=True)  # (n, cap + 1) each token's probability when committed
+    quota: torch.Tensor = per_row()  # (n, steps) tokens to commit at each step of the block
+    k: list | None = per_row(layers=True)  # per layer (n, H_kv, cap + 1, D): the rows' K/V
+    v: list | None = per_row(layers=True)
     settings: list = field(default_factory=list)  # each row's setting id (no read-back to find them)
-    cap: int = 0
-    k: list | None = None  # per layer (n, H_kv, cap + 1, D), allocated by the first cached forward
-    v: list | None = None
+    mask_id: int = 0
+    stop_ids: torch.Tensor | None = None  # (k,) end-of-text ids
 
     def __post_init__(self) -> None:
-        for f in self._fields():
-            shape = (0, 1) if f.metadata["width"] else (0,)
-            setattr(self, f.name, torch.zeros(shape, dtype=f.metadata["dtype"], device=self.device))
-
-    @classmethod
-    def _fields(cls):
-        return [f for f in fields(cls) if f.metadata.get("per_row")]
-
-    @property
-    def n(self) -> int:
-        return len(self.reqs)
-
-    def _grow(self, cap: int) -> None:
-        extra = cap - self.cap
-        pad_cols = lambda t, value: torch.cat(  # noqa: E731
-            [t[:, : self.cap], torch.full((t.shape[0], extra + 1), value, dtype=t.dtype, device=t.device)], 1)
-        self.x, self.pos, self.conf = pad_cols(self.x, self.pad_id), pad_cols(self.pos, 0), pad_cols(self.conf, 0.0)
-        if self.k is not None:
-            grow = lambda t: torch.cat([t[:, :, : self.cap], t.new_zeros(*t.shape[:2], extra + 1, t.shape[3])], 2)  # noqa: E731
-            self.k, self.v = [grow(t) for t in self.k], [grow(t) for t in self.v]
-        self.cap = cap
+        super().__post_init__()
+        self.quota = torch.zeros(0, 1, dtype=torch.long, device=self.device)
 
     def add(self, req, mask_id: int, cfg_id: int, steps_width: int, align: int) -> None:
         """Append `req` as a row. `align`: a block-diffusion model's block size (its attention
@@ -80,8 +153,7 @@ class RowState:
         of block_length from the answer's first column. `steps_width`: the quota table's width."""
         p = req.params
         P, L = len(req.prompt), len(req.prompt) + p.gen_length
-        if L > self.cap:
-            self._grow(L)
+        self.grow(L)
         if self.quota.shape[1] < steps_width:
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.n, steps_width - self.quota.shape[1])], 1)
         x = torch.full((1, self.cap + 1), self.pad_id, dtype=torch.long)
@@ -90,21 +162,11 @@ class RowState:
         pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
         pos[0, :L] = torch.arange(L)
         e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
-        row = dict(x=x, pos=pos, L=L, P=P, blk=p.block_length, spb=p.steps_per_block,
-                   tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
-                   cfg=cfg_id, since=0, kv_done=P // align * align if align else 0, early=req.parts.early_stop,
-                   max_post=req.parts.policy.post_steps if getattr(req.parts.policy, "revises", False) else -1, post=0,
-                   quota=torch.zeros(1, self.quota.shape[1], dtype=torch.long),
-                   conf=torch.zeros(1, self.cap + 1))
-        for f in self._fields():
-            value = row[f.name]
-            if not isinstance(value, torch.Tensor):
-                value = torch.tensor([value], dtype=f.metadata["dtype"])
-            setattr(self, f.name, torch.cat([getattr(self, f.name), value.to(self.device)]))
-        if self.k is not None:
-            self.k = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.k]
-            self.v = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in self.v]
-        self.reqs.append(req)
+        self.append([req], dict(
+            x=x, pos=pos, L=L, P=P, blk=p.block_length, spb=p.steps_per_block,
+            tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
+            cfg=cfg_id, since=0, kv_done=P // align * align if align else 0, early=req.parts.early_stop,
+            max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))
 
@@ -117,13 +179,5 @@ class RowState:
         self.quota[rows] = even_split(blk, spb, self.quota.shape[1])
 
     def keep(self, keep: torch.Tensor) -> None:
-        """Keep only rows `keep` (in that order); the others leave and free their K/V rows."""
-        idx = keep.tolist()
-        self.reqs = [self.reqs[i] for i in idx]
-        self.settings = [self.settings[i] for i in idx]
-        for f in self._fields():
-            setattr(self, f.name, getattr(self, f.name)[keep])
-        if self.k is not None:
-            self.k, self.v = [t[keep] for t in self.k], [t[keep] for t in self.v]
-        if not self.reqs:  # the last row left: free the buffers
-            self.k = self.v = None
+        self.settings = [self.settings[i] for i in keep.tolist()]
+        super().keep(keep)

@@ -6,7 +6,7 @@ from collections import deque
 
 import torch
 
-from unmask.cache.base import Plan
+from unmask.engine.kind import Cost
 from unmask.engine.request import EngineConfig, Request
 from unmask.errors import UnmaskError
 
@@ -42,15 +42,20 @@ class Scheduler:
             out.append(self.waiting.popleft())
         return out
 
-    def budget(self, plan: Plan) -> torch.Tensor:
-        """(n,) bool: the rows that run this step. Positions computed are spent window rows first
-        (a cached step costs its window, O(block)), then full rows (O(canvas)), oldest first; the
-        first row always runs. A long refresh therefore never delays short cached steps beyond
-        the forward they share; what does not fit waits for the next step."""
-        n = plan.full.numel()
-        order = torch.argsort(plan.full.long() * (n + 1) + torch.arange(n, device=plan.full.device), stable=True)
-        within = torch.cumsum(plan.cost[order], 0) <= self.config.max_num_batched_tokens
+    def budget(self, cost: Cost) -> torch.Tensor:
+        """(n,) bool: the rows that run this step. Positions computed (each row kind's cost: a
+        masked row's window or canvas, a renoising row's canvas and what it encodes, a speculative
+        row's prefill or block and drafter context) are spent oldest first, a kind's late rows
+        after the others (a masked row's full forward, O(canvas), after the cached windows,
+        O(block)); the first row always runs. A long refresh therefore never delays short cached
+        steps beyond the forward they share; what does not fit waits for the next step."""
+        positions = cost.positions
+        n = positions.numel()
+        order = torch.arange(n, device=positions.device)
+        if cost.late is not None:
+            order = torch.argsort(cost.late.long() * (n + 1) + order, stable=True)
+        within = torch.cumsum(positions[order], 0) <= self.config.max_num_batched_tokens
         within[0] = True
-        run = torch.zeros(n, dtype=torch.bool, device=plan.full.device)
+        run = torch.zeros(n, dtype=torch.bool, device=positions.device)
         run[order[within]] = True
         return run

@@ -1,5 +1,6 @@
-"""One step's forwards, sized once from the plan and the token budget: the window rows' forward,
-the full rows' forward, and the recomputation of rows whose cache doubted their cached step."""
+"""A masked step's forwards, sized once from the plan and the token budget: the window rows'
+forward, the full rows' forward, and the recomputation of rows whose cache doubted their cached
+step (engine/masked.py runs them in that order)."""
 
 from dataclasses import dataclass
 
@@ -27,11 +28,12 @@ class Forward:
 
 
 class StepWork:
-    """Iterate it for the step's forwards (each yielded after the previous one committed)."""
+    """The step's forwards, in order: `window()` (the cached rows), then, when a verifying cache
+    doubted some of them, `recompute(plan)` with what those rows recompute, then `rest()` (the
+    full rows, and the doubted rows that recompute in one more window)."""
 
-    def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor, verifying: bool, replan) -> None:
-        """`replan()`: the plan of what doubted rows recompute (their cache policies')."""
-        self.rows, self.plan, self.run, self.verifying, self.replan = rows, plan, run, verifying, replan
+    def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor, verifying: bool) -> None:
+        self.rows, self.plan, self.run, self.verifying = rows, plan, run, verifying
         self.seal = run & plan.seals
         self.window_rows, self.full_rows = run & ~plan.full, run & plan.full
         cost = plan.cost
@@ -46,31 +48,40 @@ class StepWork:
         self.remasked = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
         self.had_mask = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)  # the open block had a mask
         self.records: list[tuple[ForwardRecord, torch.Tensor]] = []
+        self._suffix = None
 
-    def __iter__(self):
-        yield from self._ready(Forward("window", self.window_rows, self.n_win, self.pos_win, self.verifying))
-        full_rows, count, positions = self.full_rows, self.n_full, self.pos_full
-        suffix = None
-        if self.verifying and bool(self.redo.any()):
-            # doubted rows recompute the step: in the full forward (the whole canvas), or in one more
-            # window (the block and the masked suffix), as their cache says
-            again = self.replan()
-            self.plan = self.plan.where(self.redo, again)
-            full_rows = full_rows | (self.redo & again.full)
-            suffix = self.redo & ~again.full
-            count, positions, n_suffix, pos_suffix = torch.stack([
-                full_rows.sum(), torch.where(full_rows, self.plan.end, 0).sum(), suffix.sum(),
-                torch.where(suffix, self.plan.cost, 0).sum()]).tolist()
-        yield from self._ready(Forward("full", full_rows, count, positions, False))
-        if suffix is not None and n_suffix:
-            yield from self._ready(Forward("window", suffix, n_suffix, pos_suffix, False))
+    def window(self) -> list[Forward]:
+        """The cached rows' forward (their commits may be doubted by a verifying cache)."""
+        return self._ready(Forward("window", self.window_rows, self.n_win, self.pos_win, self.verifying))
 
-    def _ready(self, f: Forward):
-        if f.count:
-            n = self.rows.n
-            f.all_rows = f.count == n
-            f.idx = torch.arange(n, device=self.rows.device) if f.all_rows else f.rows.nonzero().squeeze(-1)
-            yield f
+    def doubted(self) -> bool:
+        """Did a verifying cache doubt a row's cached step? (a host read, only when one verifies)"""
+        return self.verifying and bool(self.redo.any())
+
+    def recompute(self, again: Plan) -> None:
+        """The doubted rows recompute the step: in the full forward (the whole canvas), or in one
+        more window (the block and the masked suffix), as `again` (their caches' plans) says."""
+        self.plan = self.plan.where(self.redo, again)
+        self.full_rows = self.full_rows | (self.redo & again.full)
+        self._suffix = self.redo & ~again.full
+        self.n_full, self.pos_full, self.n_suffix, self.pos_suffix = torch.stack([
+            self.full_rows.sum(), torch.where(self.full_rows, self.plan.end, 0).sum(), self._suffix.sum(),
+            torch.where(self._suffix, self.plan.cost, 0).sum()]).tolist()
+
+    def rest(self) -> list[Forward]:
+        """The full rows' forward, then the doubted rows' second window (if any)."""
+        out = self._ready(Forward("full", self.full_rows, self.n_full, self.pos_full, False))
+        if self._suffix is not None:
+            out += self._ready(Forward("window", self._suffix, self.n_suffix, self.pos_suffix, False))
+        return out
+
+    def _ready(self, f: Forward) -> list[Forward]:
+        if not f.count:
+            return []
+        n = self.rows.n
+        f.all_rows = f.count == n
+        f.idx = torch.arange(n, device=self.rows.device) if f.all_rows else f.rows.nonzero().squeeze(-1)
+        return [f]
 
     def record(self, f: Forward, done: Committed, seconds: float) -> None:
         self.committed[done.idx] = done.counts

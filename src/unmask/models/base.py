@@ -84,6 +84,15 @@ class ArchConfig:
                                   f"the head size {self.head_dim} (partial_rotary_factor)")
 
     @property
+    def kind(self) -> str:
+        """What the model is, for everything that treats kinds apart: "renoise" (a canvas of random
+        tokens, DiffusionGemma), "causal" (the AR twin), "block" (block diffusion, bd_size) or "full"
+        (full-attention masked diffusion)."""
+        if self.canvas_length:
+            return "renoise"
+        return "causal" if self.causal else "block" if self.block_size else "full"
+
+    @property
     def rope_dim(self) -> int:
         return self.rotary_dim or self.head_dim
 

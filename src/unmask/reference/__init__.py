@@ -12,7 +12,7 @@ decoding, which is the request engine's (unmask.engine).
 def run_reference(model, tokens, prompts: list[list[int]], params):
     """One batch through the loop of the reference `params.compat` names (params accepted):
     a unmask.trace.Decoded. (Imports are local: params.py imports modes.py from this package.)"""
-    from unmask.reference.modes import get_mode
+    from unmask.compat import get_mode
 
     loop = get_mode(params.compat).loop
     if loop == "fast-dllm-v2":

@@ -13,7 +13,7 @@ from unmask.cache.kv import StaticKV
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.canvas import Canvas, finished_rows, retire_rows
-from unmask.reference.modes import get_mode
+from unmask.compat import get_mode
 from unmask.sampler.proposal import propose
 from unmask.trace import Decoded, ForwardRecord
 

@@ -1,5 +1,5 @@
 """Schedules: how many tokens a fixed-count policy commits at step i of a block. (Dream's
-timestep schedule is part of its reference mode, in unmask.reference.modes.)"""
+timestep schedule is part of its reference mode, in unmask.compat.)"""
 
 from typing import Protocol
 

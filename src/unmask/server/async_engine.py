@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from unmask.engine import Engine, EngineConfig, Request, StepOutput
+from unmask.engine import EngineConfig, EngineLike, Request, StepOutput
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
 
@@ -54,7 +54,7 @@ class Metrics:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.metrics = Metrics()
         self._inbox: list[tuple] = []
@@ -156,12 +156,13 @@ class AsyncEngine:
         m.steps += 1
         m.step_seconds.observe(seconds)
         for out in outs:
-            m.nfe += 1
-            m.tokens += out.request.commits[-1] if out.request.commits else 0
-            if out.drafted:  # speculative decoding
-                m.drafts += 1
-                m.draft_tokens += out.drafted
-                m.accepted_tokens += out.accepted
+            m.nfe += out.forwards
+            m.tokens += out.tokens
+            c = out.stats.as_dict() if out.stats is not None else {}
+            if c.get("draft_forwards"):  # speculative rows
+                m.drafts += c["draft_forwards"]
+                m.draft_tokens += c["drafted"]
+                m.accepted_tokens += c["accepted"]
             req = out.request
             if out.new_ids and req.first_commit is not None and req.committed == len(out.new_ids):
                 m.ttft.observe(req.first_commit - req.arrival)

@@ -21,6 +21,11 @@ def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+def _sum(reqs: list, counter: str) -> int:
+    """A row kind's counter summed over the requests (0 where their kind does not count it)."""
+    return sum(r.counters().get(counter, 0) for r in reqs)
+
+
 def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     """OpenAI's usage (the prompt counted once, completions summed over choices) plus the
     requests' forwards (NFE), tokens per forward (end of text included), and the committed tokens
@@ -31,10 +36,10 @@ def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     done = [r for r in reqs if r is not None]
     out = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
-           "edits": sum(r.edits for r in done), "remasked": sum(r.remasked for r in done)}
-    if any(r.draft_forwards for r in done):  # speculative decoding: the drafter's side
-        out |= {"draft_forwards": sum(r.draft_forwards for r in done), "draft_tokens": sum(r.drafted for r in done),
-                "accepted_draft_tokens": sum(r.accepted for r in done)}
+           "edits": _sum(done, "edits"), "remasked": _sum(done, "remasked")}
+    if _sum(done, "draft_forwards"):  # speculative decoding: the drafter's side
+        out |= {"draft_forwards": _sum(done, "draft_forwards"), "draft_tokens": _sum(done, "drafted"),
+                "accepted_draft_tokens": _sum(done, "accepted")}
     return out
 
 

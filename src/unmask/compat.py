@@ -67,17 +67,19 @@ class CompatMode:
         """The parameters with what the mode implies applied."""
         return p
 
-    def check(self, p: Any) -> None:
-        """Reject what the reference cannot do (p is resolved)."""
-        self._need(p, p.refresh_interval is None, f"refresh_interval {p.refresh_interval}")
-        self._need(p, p.top_k is None and p.top_p is None or self.top_k_top_p, "top_k / top_p")
-        self._need(p, p.confidence == "prob", f"confidence {p.confidence!r}")
-        self._need(p, p.policy in self.policies, f"policy {p.policy!r}")
-        self._need(p, p.cache in self.caches, f"cache {p.cache!r}")
+    def check(self, p: Any, subject: str | None = None) -> None:
+        """Reject what the reference cannot do (p is resolved). `subject`: who refuses, when the
+        mode's rules are a model's own (a renoising model's native sampler is its reference's)."""
+        self._need(p, p.refresh_interval is None, f"refresh_interval {p.refresh_interval}", subject)
+        self._need(p, p.top_k is None and p.top_p is None or self.top_k_top_p, "top_k / top_p", subject)
+        self._need(p, p.confidence == "prob", f"confidence {p.confidence!r}", subject)
+        self._need(p, p.policy in self.policies, f"policy {p.policy!r}", subject)
+        self._need(p, p.cache in self.caches, f"cache {p.cache!r}", subject)
 
-    def _need(self, p: Any, ok: bool, what: str) -> None:
+    def _need(self, p: Any, ok: bool, what: str, subject: str | None = None) -> None:
+        """`subject`: who refuses (by default the mode: "compat 'x' does not support ...")."""
         if not ok:
-            raise UnmaskError(f"compat {p.compat!r} does not support {what}")
+            raise UnmaskError(f"{subject or f'compat {p.compat!r} does not support'} {what}")
 
     def check_family(self, family: str) -> None:
         """The model family first: a mode on another family is refused for that, before any setting."""
@@ -114,10 +116,11 @@ class FastDLLMv2(CompatMode):
         """Its only rule is the threshold, and it always keeps a KV cache."""
         return replace(p, policy="threshold", cache="exact" if p.cache == "none" else p.cache)
 
-    def check(self, p):
-        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
-        self._need(p, p.steps is None, f"steps {p.steps}")
-        super().check(p)
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
+                   subject)
+        self._need(p, p.steps is None, f"steps {p.steps}", subject)
+        super().check(p, subject)
 
 
 @register
@@ -141,11 +144,13 @@ class LLaDA2(CompatMode):
     def resolve(self, p):
         return replace(p, policy="edit")
 
-    def check(self, p):
-        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)")
-        self._need(p, p.steps is None, f"steps {p.steps} (its generate commits by threshold, not by a schedule)")
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}")
-        super().check(p)
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
+                   subject)
+        self._need(p, p.steps is None, f"steps {p.steps} (its generate commits by threshold, not by a schedule)",
+                   subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
+        super().check(p, subject)
 
 
 @register
@@ -173,12 +178,13 @@ class DiffusionGemmaMode(CompatMode):
         unset = {k: v for k, v in self.DEFAULTS.items() if k != "gen_length" and getattr(p, k) is None}
         return replace(p, policy="entropy", **unset)
 
-    def check(self, p):
-        self._need(p, p.temperature == 0, f"temperature {p.temperature} (its temperature falls from t_max to t_min)")
-        self._need(p, p.steps is None, f"steps {p.steps} (use max_denoising_steps, per canvas)")
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (its temperature falls from t_max to t_min)",
+                   subject)
+        self._need(p, p.steps is None, f"steps {p.steps} (use max_denoising_steps, per canvas)", subject)
         if p.t_max <= p.t_min:
             raise UnmaskError(f"t_max {p.t_max} must be above t_min {p.t_min}", param="t_max")
-        super().check(p)
+        super().check(p, subject)
 
 
 def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -267,13 +273,13 @@ class Dream(CompatMode):
     def resolve(self, p):
         return replace(p, block_length=p.gen_length, alg=p.alg or "origin")
 
-    def check(self, p):
+    def check(self, p, subject=None):
         if p.alg not in DREAM_ALGS:
             raise UnmaskError(f"unknown alg {p.alg!r}; choose one of {', '.join(DREAM_ALGS)}")
         if p.policy != "fixed":
             raise UnmaskError(f"compat 'dream' does not support policy {p.policy!r} (choose the algorithm with alg)")
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}")
-        super().check(p)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
+        super().check(p, subject)
 
     def parts(self, p, mask_id):
         schedule = DreamSchedule(p.total_steps, p.eps)

@@ -1,0 +1,118 @@
+"""Row kinds: what a running request's row is and how it steps. The engine (engine.py) owns the
+requests, admission, the token budget, the trace and the outputs; a row kind owns its rows'
+tensors and forwards. The kinds unmask ships: "masked" (masked diffusion: full-attention, block
+and causal models, engine/masked.py), "renoise" (canvases of random tokens rewritten until they
+stop, engine/renoise.py) and "speculative" (a drafter proposes, an autoregressive target
+verifies, engine/speculative.py). A new kind is one class in one file plus `@ROW_KINDS.register`.
+
+One engine step asks the kind, in this order:
+1. `admit(reqs)`: the requests that join now become rows (appended at the end);
+2. `cost()`: what each row would compute this step, from which the engine's token budget picks
+   the rows that run (oldest first; `late` rows after the others);
+3. `decode(run)`: the forwards and commits of the rows `run`, reported as a `Report`;
+4. `keep(rows)`: the finished rows leave (the engine found them in the report); `drop(req)`:
+   an aborted request's row leaves.
+The kind never builds a StepOutput or touches a Request's record: the engine does, from the
+report, for every kind alike."""
+
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Protocol
+
+import torch
+
+from unmask.registry import Registry
+from unmask.trace import ForwardRecord
+
+ROW_KINDS = Registry("row kind")
+
+
+@dataclass
+class Stats:
+    """A kind's own counters of a request (Request.stats) and of one step (StepOutput.stats):
+    each kind subclasses it with its integer fields; the engine adds a step's to the request's."""
+
+    def add(self, other: "Stats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Cost:
+    """(n,) positions each row computes if it runs this step, and (n,) bool: rows that queue
+    behind the others (a masked row's full forward, O(canvas), after the cached windows)."""
+
+    positions: torch.Tensor
+    late: torch.Tensor | None = None
+
+
+@dataclass
+class Report:
+    """What one step did, for the rows that ran (host values, read in the kind's few transfers).
+    Parallel lists, one entry per row in `rows` (row indices at the start of the step)."""
+
+    rows: list[int] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)  # the row's committed answer length after the step
+    new_ids: list[list[int]] = field(default_factory=list)  # ids that extended it this step
+    forwards: list[int] = field(default_factory=list)  # forwards of the model the row took part in
+    commits: list[list[int]] = field(default_factory=list)  # tokens it committed at each of them
+    done: list[bool] = field(default_factory=list)
+    stats: list[Stats] = field(default_factory=list)
+    # finished rows: the whole generated region (up to gen_length; MASK where never committed)
+    answers: dict[int, list[int]] = field(default_factory=dict)
+    # watched rows (the playground): the canvas to show and, for a renoising row, each position's state
+    views: dict[int, tuple[list[int], list[str] | None]] = field(default_factory=dict)
+    records: list[ForwardRecord] = field(default_factory=list)
+
+    def row(self, i: int, committed: int, new_ids: list[int], forwards: int, commits: list[int], done: bool,
+            stats: Stats) -> None:
+        self.rows.append(i)
+        self.committed.append(committed)
+        self.new_ids.append(new_ids)
+        self.forwards.append(forwards)
+        self.commits.append(commits)
+        self.done.append(done)
+        self.stats.append(stats)
+
+
+class RowKind(Protocol):
+    """The protocol the engine steps a kind through (see the module docstring)."""
+
+    name: ClassVar[str]
+    Stats: ClassVar[type[Stats]]  # the kind's per-request counters
+    rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, in row order) and `n`
+
+    def prepare(self, params) -> object:
+        """What a request's rows will decode with, built once when it is added (Request.parts)."""
+
+    def admit(self, reqs: list) -> None: ...
+
+    def cost(self) -> Cost: ...
+
+    def decode(self, run: torch.Tensor) -> Report: ...
+
+    def keep(self, rows: torch.Tensor) -> None: ...
+
+    def drop(self, req) -> None:
+        """An aborted request's row leaves."""
+
+
+@dataclass
+class KindContext:
+    """What a row kind is built from: the model, its token ids, the device, the engine's random
+    draws (engine/draws.py), and the drafter of a speculative engine (else None)."""
+
+    model: object
+    tokens: object
+    device: torch.device
+    draws: object
+    drafter: object = None
+
+
+def kind_for(arch, drafter=None) -> str:
+    """The row kind a model decodes with (its architecture's kind; a drafter makes it speculative)."""
+    if drafter is not None:
+        return "speculative"
+    return "renoise" if arch.kind == "renoise" else "masked"

@@ -1,0 +1,139 @@
+"""The masked row kind: masked diffusion over a canvas of [MASK] tokens, in blocks (LLaDA, Dream,
+the embedded models; block-diffusion models with cache "exact"; the autoregressive twin with cache
+"causal": blocks of one token).
+
+Every row has its own canvas, block position, step counter, schedule, K/V rows and parameters
+(rows.py RowState), so a step is tensor code over all rows, whatever block each row is in. One
+step of the rows the engine runs:
+1. `cost`: each setting's cache policy (unmask.cache) plans its rows: a full forward, or a window
+   against the row's K/V; the plans are merged (the kind never looks inside a policy), and the
+   positions each row computes are its cost (full rows queue behind the windows);
+2. runner.py: one forward for the window rows, then — when a verifying cache doubted some cached
+   rows — their recomputation is planned, then one forward for the full rows (each row at its own
+   columns) and one more window for doubted rows that recompute there (work.py);
+3. commit.py after each forward: proposals, the commit policy's choice and the schedule's quota,
+   per setting;
+4. postprocess.py: blocks advance, stops are found, and the step is reported to the engine.
+
+Greedy output of a request does not depend on what else runs: padding is masked, positions are
+each row's own, and each request samples from its own generator when it has a seed.
+"""
+
+import itertools
+import time
+
+import torch
+
+from unmask.cache.base import Plan
+from unmask.engine import postprocess
+from unmask.engine.commit import Committer
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report
+from unmask.engine.parts import build_parts
+from unmask.engine.postprocess import MaskedStats
+from unmask.engine.rows import RowState
+from unmask.engine.runner import ModelRunner
+from unmask.engine.work import Forward, StepWork
+from unmask.params import setting_key
+
+
+@ROW_KINDS.register
+class MaskedKind:
+    name = "masked"
+    Stats = MaskedStats
+
+    def __init__(self, ctx: KindContext) -> None:
+        model, tokens = ctx.model, ctx.tokens
+        arch = self.arch = model.config
+        self.model, self.tokens, self.device = model, tokens, ctx.device
+        # hidden j scores token j + shift: Dream and the AR twin shift by one
+        self.shift = 1 if arch.causal else arch.logit_shift
+        self.align = arch.block_size  # a block-diffusion model: its attention blocks are the decoding blocks
+        self.mask = tokens.mask
+        self.rows = RowState(self.device, tokens.pad if tokens.pad is not None else tokens.eos,
+                             mask_id=tokens.mask, stop_ids=torch.tensor(tokens.stop, device=self.device))
+        self.settings: dict[tuple, int] = {}  # decoding setting -> id, while a running row uses it
+        self.parts: dict = {}
+        self.runner = ModelRunner(model, self.rows, self.shift)
+        # a tensor-parallel model hands its vocabulary slice to the sampler (no gathered logits)
+        self.committer = Committer(self.rows, self.parts, self.mask, ctx.draws, getattr(model, "tp", None),
+                                   arch.vocab_size)
+        self._setting_ids = itertools.count()
+        self.watching = 0  # watched rows (their proposals cost one transfer per step)
+        self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
+        self._groups: list = []
+        self._plan: Plan | None = None
+
+    def prepare(self, params):
+        """What a request's rows decode with (engine/parts.py), built once when it is added."""
+        return build_parts(params, self.tokens)
+
+    # --- rows ------------------------------------------------------------------------------------
+    def admit(self, reqs: list) -> None:
+        for req in reqs:
+            key = setting_key(req.params)
+            if key not in self.settings:
+                self.settings[key] = sid = next(self._setting_ids)
+                self.parts[sid] = req.parts
+            p = req.params
+            width = p.block_length if self.align else max(p.steps_per_block, 1)  # the quota table
+            self.rows.add(req, self.mask, self.settings[key], width, self.align)
+            self.watching += req.watch
+
+    def keep(self, rows: torch.Tensor) -> None:
+        gone = set(range(self.rows.n)) - set(rows.tolist())
+        self.watching -= sum(self.rows.reqs[i].watch for i in gone)
+        self.rows.keep(rows)
+        self._forget_settings()
+
+    def drop(self, req) -> None:
+        self.watching -= req.watch
+        self.rows.drop(req)
+        self._forget_settings()
+
+    def _forget_settings(self) -> None:
+        """Settings no running row uses are dropped, so a long-running server's tables stay small."""
+        live = set(self.rows.settings)
+        for key, sid in list(self.settings.items()):
+            if sid not in live:
+                del self.settings[key], self.parts[sid]
+
+    # --- one step --------------------------------------------------------------------------------
+    def cost(self) -> Cost:
+        r = self.rows
+        # (setting's cache policy, its rows as an (n,) bool) for each setting that runs, once a step
+        self._groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in sorted(set(r.settings))]
+        self._plan = self._merge([(rows, cache.plan(r, self.shift, self.align)) for cache, rows in self._groups])
+        return Cost(self._plan.cost, self._plan.full)
+
+    def decode(self, run: torch.Tensor) -> Report:
+        groups = self._groups
+        verifying = any(cache.verifies for cache, _ in groups)
+        work = StepWork(self.rows, self._plan, run, verifying)
+        for f in work.window():
+            self._run(work, f)
+        if work.doubted():  # what the doubted rows recompute: their verifying caches' plans, merged
+            work.recompute(self._merge([(rows, cache.recompute(self.rows, self.shift))
+                                        for cache, rows in groups if cache.verifies]))
+        for f in work.rest():
+            self._run(work, f)
+        for cache, rows in groups:  # each policy updates its own per-row counters
+            cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
+        return postprocess.advance(self.rows, work)
+
+    def _run(self, work: StepWork, f: Forward) -> None:
+        r, t0 = self.rows, time.perf_counter()
+        fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
+        logits = self.runner.forward(f.full, f.idx, work.plan, r.s, work.W, f.all_rows)
+        done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0)
+        if self.observer is not None:
+            if self.committer.tp is not None:  # diagnostics compare whole distributions
+                logits = self.committer.tp.gather_vocab(logits, self.arch.vocab_size)
+            self.observer.observe(self, f.kind, f.idx, r.s, work.W, logits, fresh, done)
+        work.record(f, done, time.perf_counter() - t0)
+
+    @staticmethod
+    def _merge(plans: list) -> Plan:
+        plan = plans[0][1]
+        for rows, other in plans[1:]:
+            plan = plan.where(rows, other)
+        return plan

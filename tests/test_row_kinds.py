@@ -1,0 +1,167 @@
+"""One engine, pluggable row kinds (issue 34): a kind the engine has never heard of serves
+requests; the token budget holds for every kind; the engine checks prompts itself; unseeded
+sampled rows are proposed in one batched call; exactly one class in engine/ has a `step`."""
+
+import ast
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import unmask.engine.commit as commit_mod
+from unmask.engine import ROW_KINDS, Engine, EngineConfig
+from unmask.engine.kind import Cost, KindContext, Report, Stats
+from unmask.engine.rows import Rows, per_row
+from unmask.errors import UnmaskError
+from unmask.models.base import ArchConfig, TokenIds
+from unmask.models.llada import LLaDAModel
+from unmask.params import GenerationParams
+
+V = 64
+TOKENS = TokenIds(mask=63, eos=62, pad=62, stop=(62,))
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return LLaDAModel(ArchConfig("llada", V, 32, 2, 4, 4, 64, 10000.0, 1e-5, 512)).eval()
+
+
+@dataclass
+class CountStats(Stats):
+    counted: int = 0
+
+
+@dataclass
+class CountRows(Rows):
+    nxt: torch.Tensor = per_row()  # the next token the row writes
+    made: torch.Tensor = per_row()  # tokens written
+    G: torch.Tensor = per_row()  # gen_length
+
+
+class CountKind:
+    """A toy kind: each step a row writes `chunk` tokens counting up from its prompt's last id
+    (no model forward), and stops at gen_length or after writing the stop id 62."""
+
+    name = "count-up-test"
+    Stats = CountStats
+    chunk = 3
+
+    def __init__(self, ctx: KindContext) -> None:
+        self.rows, self.device = CountRows(ctx.device, 0), ctx.device
+        self.answers: dict[str, list[int]] = {}
+
+    def prepare(self, params):
+        return None
+
+    def admit(self, reqs):
+        self.rows.append(reqs, {"nxt": [q.prompt[-1] + 1 for q in reqs], "made": 0,
+                                "G": [q.params.gen_length for q in reqs]})
+        for q in reqs:
+            self.answers[q.id] = []
+
+    def cost(self):
+        return Cost(torch.full((self.rows.n,), 10, dtype=torch.long))
+
+    def decode(self, run):
+        r, report = self.rows, Report()
+        idx = run.nonzero().squeeze(-1)
+        for i, nxt, made, G in zip(idx.tolist(), r.nxt[idx].tolist(), r.made[idx].tolist(), r.G[idx].tolist()):
+            req = r.reqs[i]
+            take = min(self.chunk, G - made)
+            new = [min(nxt + j, 62) for j in range(take)]
+            if 62 in new:
+                new = new[: new.index(62) + 1]
+            self.answers[req.id] += new
+            done = 62 in new or made + len(new) >= G
+            report.row(i, made + len(new), new, 1, [len(new)], done, CountStats(len(new)))
+            if done:
+                report.answers[i] = self.answers.pop(req.id)
+        r.nxt[idx] += self.chunk
+        r.made[idx] += self.chunk
+        return report
+
+    def keep(self, rows):
+        self.rows.keep(rows)
+
+    def drop(self, req):
+        self.answers.pop(req.id, None)
+        self.rows.drop(req)
+
+
+def test_a_row_kind_the_engine_never_heard_of_serves_requests(model):
+    ROW_KINDS.register(CountKind)
+    try:
+        engine = Engine(model, TOKENS, EngineConfig(max_num_batched_tokens=20), kind="count-up-test")
+        p = GenerationParams(gen_length=8, steps=8, block_length=8)
+        a, b, c = (engine.add_request(prompt, p) for prompt in ([1, 2, 10], [5, 58], [7]))
+        outs = engine.step()
+        assert [o.request.id for o in outs] == [a.id, b.id]  # the budget (20 positions) runs two rows of 10
+        assert outs[0].new_ids == [11, 12, 13] and outs[0].forwards == 1 and outs[0].stats.counted == 3
+        assert engine.abort(c.id) and c.finish_reason == "abort"
+        while engine.has_unfinished():
+            engine.step()
+        assert a.canvas == list(range(11, 19)) and a.finish_reason == "length" and a.stats.counted == 8
+        assert b.canvas == [59, 60, 61, 62] and b.finish_reason == "stop" and b.committed == 4
+        assert a.nfe == 3 and a.commits == [3, 3, 2] and engine.num_running == 0 and engine.rows.n == 0
+    finally:
+        del ROW_KINDS["count-up-test"]
+
+
+def test_unknown_row_kind_is_refused_by_name(model):
+    with pytest.raises(UnmaskError, match="unknown row kind 'nope'"):
+        Engine(model, TOKENS, kind="nope")
+
+
+def test_the_engine_checks_prompts_itself(model):
+    engine = Engine(model, TOKENS)
+    with pytest.raises(UnmaskError, match="mask token"):
+        engine.add_request([1, 63, 2], GenerationParams(gen_length=8, steps=8, block_length=8))
+    with pytest.raises(UnmaskError, match="outside the vocabulary"):
+        engine.add_request([1, 99], GenerationParams(gen_length=8, steps=8, block_length=8))
+    with pytest.raises(UnmaskError, match="maximum of 512 positions"):
+        engine.add_request([1] * 510, GenerationParams(gen_length=8, steps=8, block_length=8))
+    assert not engine.requests and not engine.has_unfinished()
+
+
+def test_unseeded_sampled_rows_are_proposed_in_one_call_and_seeded_rows_alone(model, monkeypatch):
+    calls = []
+    real = commit_mod.propose
+
+    def counting(logits, cfg, generator=None, *a, **k):
+        calls.append((logits.shape[0], generator is not None))
+        return real(logits, cfg, generator, *a, **k)
+
+    monkeypatch.setattr(commit_mod, "propose", counting)
+    p = GenerationParams(gen_length=8, steps=8, block_length=8, temperature=0.7)
+    engine = Engine(model, TOKENS)
+    for i in range(4):
+        engine.add_request([1 + i, 2, 3], p)
+    engine.step()
+    assert calls == [(4, False)]  # four unseeded rows: one batched proposal
+    calls.clear()
+    seeded = [engine.add_request([9, 9], replace(p, seed=s)) for s in (1, 2)]
+    engine.step()
+    assert sorted(calls) == [(1, True), (1, True), (4, False)]
+    # a seeded row's output does not depend on the others
+    while engine.has_unfinished():
+        engine.step()
+    alone = Engine(model, TOKENS)
+    q = alone.add_request([9, 9], replace(p, seed=1))
+    while alone.has_unfinished():
+        alone.step()
+    assert q.canvas == seeded[0].canvas
+
+
+def test_exactly_one_class_in_engine_has_a_step():
+    """(typing protocols that describe the surface aside)"""
+    root = Path(__import__("unmask.engine", fromlist=["x"]).__file__).parent
+    owners = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            protocol = isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == "Protocol" for b in node.bases)
+            if isinstance(node, ast.ClassDef) and not protocol and any(
+                    isinstance(f, ast.FunctionDef) and f.name == "step" for f in node.body):
+                owners.append(f"{path.name}:{node.name}")
+    assert owners == ["engine.py:Engine"]
