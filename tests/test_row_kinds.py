@@ -62,7 +62,7 @@ class CountKind:
             self.answers[q.id] = []
 
     def cost(self):
-        return Cost(torch.full((self.rows.n,), 10, dtype=torch.long))
+        return Cost(torch.full((self.rows.n,), 10, dtype=torch.long), self.rows.seq)
 
     def decode(self, run):
         r, report = self.rows, Report()
@@ -82,12 +82,10 @@ class CountKind:
         r.made[idx] += self.chunk
         return report
 
-    def keep(self, rows):
-        self.rows.keep(rows)
-
-    def drop(self, req):
-        self.answers.pop(req.id, None)
-        self.rows.drop(req)
+    def remove(self, gone):
+        for i in gone:
+            self.answers.pop(self.rows.reqs[i].id, None)
+        self.rows.remove(gone)
 
 
 def test_a_row_kind_the_engine_never_heard_of_serves_requests(model):
@@ -165,3 +163,32 @@ def test_exactly_one_class_in_engine_has_a_step():
                     isinstance(f, ast.FunctionDef) and f.name == "step" for f in node.body):
                 owners.append(f"{path.name}:{node.name}")
     assert owners == ["engine.py:Engine"]
+
+
+def test_kv_rows_live_in_slots_joins_and_leaves_copy_no_cache(model):
+    """A departing row's slot takes the last row (its K/V move, nothing else's); a joining row
+    takes a free slot of the same store; the outputs equal each request decoded alone."""
+    p = GenerationParams(gen_length=16, steps=16, block_length=8, cache="dual")
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    alone = []
+    for q in prompts:
+        e = Engine(model, TOKENS)
+        r = e.add_request(q, p)
+        while e.has_unfinished():
+            e.step()
+        alone.append(r.canvas)
+    engine = Engine(model, TOKENS)
+    reqs = [engine.add_request(q, p) for q in prompts[:3]]
+    engine.step()
+    store = engine.rows._store["k"][0]
+    last_k = engine.rows.k[0][2].clone()
+    assert engine.abort(reqs[1].id)
+    assert engine.rows.reqs == [reqs[0], reqs[2]]  # the last row moved into the freed slot
+    assert torch.equal(engine.rows.k[0][1], last_k) and engine.rows._store["k"][0] is store
+    reqs.append(engine.add_request(prompts[3], p))
+    engine.step()  # the new row takes the free slot: same store, no copy of the others' K/V
+    assert engine.rows._store["k"][0] is store and engine.rows.n == 3
+    while engine.has_unfinished():
+        engine.step()
+    assert [reqs[i].canvas for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
+    assert engine.rows.k is None and not engine.rows._store  # freed with the last row

@@ -113,7 +113,7 @@ class Engine:
         if req.status == Status.WAITING:
             self.scheduler.remove(req)
         else:
-            self.kind.drop(req)
+            self.kind.remove([self.kind.rows.reqs.index(req)])
         self._finish(req, Status.ABORTED, "abort", None)
         return True
 
@@ -201,9 +201,7 @@ class Engine:
                 outputs.append(StepOutput(req, req.committed, [], False, *view, stats=self.kind.Stats()))
         if gone:
             finished = [reqs[i] for i in gone]
-            left = set(gone)
-            self.kind.keep(torch.tensor([j for j in range(len(reqs)) if j not in left], dtype=torch.long,
-                                        device=self.device))
+            self.kind.remove(gone)
             for i, req in zip(gone, finished):
                 answer = report.answers[i]
                 stopped = first_stop_index(answer, self._stop) is not None

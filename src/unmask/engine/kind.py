@@ -10,8 +10,8 @@ One engine step asks the kind, in this order:
 2. `cost()`: what each row would compute this step, from which the engine's token budget picks
    the rows that run (oldest first; `late` rows after the others);
 3. `decode(run)`: the forwards and commits of the rows `run`, reported as a `Report`;
-4. `keep(rows)`: the finished rows leave (the engine found them in the report); `drop(req)`:
-   an aborted request's row leaves.
+4. `remove(rows)`: finished rows (the engine found them in the report) or an aborted request's
+   row leave; the kind's rows move as engine/rows.py `Rows.remove` moves them.
 The kind never builds a StepOutput or touches a Request's record: the engine does, from the
 report, for every kind alike."""
 
@@ -41,10 +41,12 @@ class Stats:
 
 @dataclass
 class Cost:
-    """(n,) positions each row computes if it runs this step, and (n,) bool: rows that queue
-    behind the others (a masked row's full forward, O(canvas), after the cached windows)."""
+    """(n,) positions each row computes if it runs this step, (n,) the rows' admission order
+    (Rows.seq: rows are in no particular order), and (n,) bool: rows that queue behind the others
+    (a masked row's full forward, O(canvas), after the cached windows)."""
 
     positions: torch.Tensor
+    seq: torch.Tensor
     late: torch.Tensor | None = None
 
 
@@ -82,7 +84,7 @@ class RowKind(Protocol):
 
     name: ClassVar[str]
     Stats: ClassVar[type[Stats]]  # the kind's per-request counters
-    rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, in row order) and `n`
+    rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, row by row), `n`, `seq`
 
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""
@@ -93,10 +95,7 @@ class RowKind(Protocol):
 
     def decode(self, run: torch.Tensor) -> Report: ...
 
-    def keep(self, rows: torch.Tensor) -> None: ...
-
-    def drop(self, req) -> None:
-        """An aborted request's row leaves."""
+    def remove(self, rows: list[int]) -> None: ...
 
 
 @dataclass

@@ -79,15 +79,9 @@ class MaskedKind:
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
             self.watching += req.watch
 
-    def keep(self, rows: torch.Tensor) -> None:
-        gone = set(range(self.rows.n)) - set(rows.tolist())
+    def remove(self, gone: list[int]) -> None:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
-        self.rows.keep(rows)
-        self._forget_settings()
-
-    def drop(self, req) -> None:
-        self.watching -= req.watch
-        self.rows.drop(req)
+        self.rows.remove(gone)
         self._forget_settings()
 
     def _forget_settings(self) -> None:
@@ -103,7 +97,7 @@ class MaskedKind:
         # (setting's cache policy, its rows as an (n,) bool) for each setting that runs, once a step
         self._groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in sorted(set(r.settings))]
         self._plan = self._merge([(rows, cache.plan(r, self.shift, self.align)) for cache, rows in self._groups])
-        return Cost(self._plan.cost, self._plan.full)
+        return Cost(self._plan.cost, r.seq, self._plan.full)
 
     def decode(self, run: torch.Tensor) -> Report:
         groups = self._groups

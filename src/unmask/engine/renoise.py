@@ -74,13 +74,13 @@ class RenoiseRows(Rows):
         self.history = torch.zeros(0, 0, self.L, dtype=torch.long, device=self.device)
         self.pending, self.answers = [], []
 
-    def keep(self, keep: torch.Tensor) -> None:
-        idx = keep.tolist()
-        self.pending = [self.pending[i] for i in idx]
-        self.answers = [self.answers[i] for i in idx]
-        super().keep(keep)
-        kmax = int(self.stability_threshold.max()) if idx else 0  # the history the rows still need
+    def remove(self, gone: list[int]) -> list[int]:
+        perm = super().remove(gone)
+        self.pending = [self.pending[i] for i in perm]
+        self.answers = [self.answers[i] for i in perm]
+        kmax = int(self.stability_threshold.max()) if perm else 0  # the history the rows still need
         self.history = self.history[:, self.history.shape[1] - kmax:] if kmax else self.history[:, :0]
+        return perm
 
 
 @ROW_KINDS.register
@@ -121,19 +121,14 @@ class RenoiseKind:
         self.kv.add_rows(n)
         self.watching += sum(q.watch for q in reqs)
 
-    def keep(self, rows: torch.Tensor) -> None:
-        gone = set(range(self.rows.n)) - set(rows.tolist())
+    def remove(self, gone: list[int]) -> None:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
-        self.rows.keep(rows)
-        self.kv.keep(rows)
-
-    def drop(self, req) -> None:
-        i = self.rows.reqs.index(req)
-        self.keep(torch.tensor([j for j in range(self.rows.n) if j != i], dtype=torch.long, device=self.device))
+        perm = self.rows.remove(gone)
+        self.kv.keep(torch.tensor(perm, dtype=torch.long, device=self.device))
 
     # --- one step --------------------------------------------------------------------------------
     def cost(self) -> Cost:
-        return Cost(self.rows.new_len + self.L)
+        return Cost(self.rows.new_len + self.L, self.rows.seq)
 
     def decode(self, run: torch.Tensor) -> Report:
         report = Report()

@@ -1,12 +1,18 @@
 """Running requests as rows of batched tensors: the generic container every row kind keeps its
 per-row state in, and the masked kind's own rows (RowState).
 
-A row kind declares its per-row tensors as dataclass fields with `per_row()`; `append`, `keep`
+A row kind declares its per-row tensors as dataclass fields with `per_row()`; `append`, `remove`
 and `grow` go over those fields, so a new one is a line in the kind's rows and no hand-written
 list of names. Canvas-wide fields (`cols=True`) are right-padded to a capacity `cap`; column `cap`
 is a scratch column that padded entries write to, so scatters never collide with real columns.
-Per-layer fields (`layers=True`: K/V rows) are lists of (n, H, cap + 1, D) tensors, allocated by
-the first forward that writes them and freed when the last row leaves; `lazy` fields likewise."""
+
+K/V memory (`layers=True` fields: per layer (n, H, cap + 1, D)) lives in slots: each layer's
+tensor is a view of the first n rows of a preallocated (slots, H, cap + 1, D) store. A joining
+row takes the next slot (the store grows by half when full, so joins copy nothing in the steady
+state); a departing row's slot is filled by the last row (`remove` moves one row per departure,
+never the whole cache), so rows are in no particular order — the scheduler orders them by `seq`,
+their admission order. The store is allocated by the first forward that writes K/V and freed
+when the last row leaves; `lazy` fields likewise (allocated by the kind)."""
 
 from dataclasses import dataclass, field, fields
 
@@ -30,6 +36,9 @@ class Rows:
     pad_id: int
     reqs: list = field(default_factory=list)
     cap: int = 0
+    seq: torch.Tensor = per_row()  # admission order (the scheduler's "oldest first")
+    _store: dict = field(default_factory=dict)  # layers field -> per layer (slots, H, cap + 1, D)
+    _next_seq: int = 0
 
     def __post_init__(self) -> None:
         for f in self._fields():
@@ -48,34 +57,48 @@ class Rows:
     def _fill(self, f):
         return self.pad_id if f.metadata["fill"] == "pad" else f.metadata["fill"]
 
+    @torch.inference_mode()
     def grow(self, cap: int) -> None:
         """Widen every canvas-wide field (and the K/V rows) to `cap` columns plus the scratch one."""
         if cap <= self.cap:
             return
         extra = cap - self.cap
+        for name, store in self._store.items():  # a wider store (a longer canvas joined: rare)
+            self._store[name] = [torch.cat([u[:, :, : self.cap], u.new_zeros(*u.shape[:2], extra + 1, u.shape[3])], 2)
+                                 for u in store]
         for f in self._fields():
             t = getattr(self, f.name)
-            if t is None:
+            if t is None or f.metadata["layers"]:
                 continue
-            if f.metadata["layers"]:
-                setattr(self, f.name, [torch.cat([u[:, :, : self.cap], u.new_zeros(*u.shape[:2], extra + 1,
-                                                                                     u.shape[3])], 2) for u in t])
-            elif f.metadata["cols"]:
+            if f.metadata["cols"]:
                 pad = torch.full((t.shape[0], extra + 1), self._fill(f), dtype=t.dtype, device=t.device)
                 setattr(self, f.name, torch.cat([t[:, : self.cap], pad], 1))
         self.cap = cap
+        self._views()
 
+    def _views(self) -> None:
+        """Each layers field: the first n slots of its store."""
+        for name, store in self._store.items():
+            setattr(self, name, [u[: self.n] for u in store])
+
+    @torch.inference_mode()
     def append(self, reqs: list, values: dict) -> None:
         """Append `reqs` as rows; `values[name]`: a (k, ...) tensor (or a list / scalar) for each
         eager field (a canvas-wide one at the current capacity); lazy fields that exist get rows of
         zeros, and an eager field not given gets its fill."""
-        k = len(reqs)
+        k, n = len(reqs), self.n
+        values = {**values, "seq": list(range(self._next_seq, self._next_seq + k))}
+        self._next_seq += k
+        for name, store in self._store.items():
+            if store[0].shape[0] < n + k:  # no free slot: a store half as large again (amortised)
+                slots = max(n + k, store[0].shape[0] * 3 // 2)
+                store = [torch.cat([u[:n], u.new_zeros(slots - n, *u.shape[1:])]) for u in store]
+                self._store[name] = store
+            for u in store:
+                u[n : n + k].zero_()
         for f in self._fields():
             cur = getattr(self, f.name)
-            if cur is None:
-                continue
-            if f.metadata["layers"]:
-                setattr(self, f.name, [torch.cat([u, u.new_zeros(k, *u.shape[1:])]) for u in cur])
+            if cur is None or f.metadata["layers"]:
                 continue
             value = values.get(f.name)
             if value is None:
@@ -84,31 +107,49 @@ class Rows:
                 value = torch.tensor(value if isinstance(value, list) else [value] * k, dtype=f.metadata["dtype"])
             setattr(self, f.name, torch.cat([cur, value.to(self.device, f.metadata["dtype"])]))
         self.reqs += reqs
+        self._views()
 
-    def keep(self, keep: torch.Tensor) -> None:
-        """Keep only rows `keep` (in that order); the others leave and free their rows."""
-        self.reqs = [self.reqs[i] for i in keep.tolist()]
+    @torch.inference_mode()
+    def remove(self, gone: list[int]) -> list[int]:
+        """Rows `gone` leave; the last rows move into their slots (one row moved per departure).
+        Returns the new order as old row indices (row i is now the old row perm[i])."""
+        n, drop = self.n, set(gone)
+        m = n - len(drop)
+        holes = [h for h in sorted(drop) if h < m]
+        movers = [i for i in range(m, n) if i not in drop]
+        perm = list(range(m))
+        for h, src in zip(holes, movers):
+            perm[h] = src
+        self.reqs = [self.reqs[i] for i in perm]
+        if m == 0:  # the last row left: free the K/V store and the lazy buffers
+            self._store.clear()
+        elif holes:
+            to, frm = (torch.tensor(v, dtype=torch.long, device=self.device) for v in (holes, movers))
+            for store in self._store.values():
+                for u in store:
+                    u[to] = u[frm]
+        index = torch.tensor(perm, dtype=torch.long, device=self.device)
         for f in self._fields():
             t = getattr(self, f.name)
-            if t is None:
+            if t is None or f.metadata["layers"]:
+                if m == 0 and f.metadata["lazy"]:
+                    setattr(self, f.name, None)
                 continue
-            if not self.reqs and f.metadata["lazy"]:  # the last row left: free the buffers
-                setattr(self, f.name, None)
-            elif f.metadata["layers"]:
-                setattr(self, f.name, [u[keep] for u in t])
-            else:
-                setattr(self, f.name, t[keep])
+            setattr(self, f.name, None if m == 0 and f.metadata["lazy"] else t[index])
+        self._views()
+        return perm
 
-    def drop(self, req) -> None:
+    def drop(self, req) -> list[int]:
         """Remove one request's row."""
-        i = self.reqs.index(req)
-        self.keep(torch.tensor([j for j in range(self.n) if j != i], dtype=torch.long, device=self.device))
+        return self.remove([self.reqs.index(req)])
 
     def layer_buffers(self, name: str, num_layers: int, like: torch.Tensor) -> list:
-        """The per-layer field `name`, allocated now as (n, H, cap + 1, D) zeros if it is not yet."""
-        if getattr(self, name) is None:
+        """The per-layer field `name` (K/V rows: (n, H, cap + 1, D) views of its slot store),
+        allocated now as zeros if it is not yet."""
+        if name not in self._store:
             shape = (self.n, like.shape[1], self.cap + 1, like.shape[3])
-            setattr(self, name, [like.new_zeros(shape) for _ in range(num_layers)])
+            self._store[name] = [like.new_zeros(shape) for _ in range(num_layers)]
+            self._views()
         return getattr(self, name)
 
 
@@ -178,6 +219,7 @@ class RowState(Rows):
         self.spb[rows] = spb
         self.quota[rows] = even_split(blk, spb, self.quota.shape[1])
 
-    def keep(self, keep: torch.Tensor) -> None:
-        self.settings = [self.settings[i] for i in keep.tolist()]
-        super().keep(keep)
+    def remove(self, gone: list[int]) -> list[int]:
+        perm = super().remove(gone)
+        self.settings = [self.settings[i] for i in perm]
+        return perm

@@ -20,10 +20,8 @@ class RowsKV:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         r = self.rows
-        if r.k is None:  # first cached request: allocate (n, H_kv, cap + 1, D) per layer
-            shape = (r.n, k.shape[1], r.cap + 1, k.shape[3])
-            r.k = [k.new_zeros(shape) for _ in range(self.num_layers)]
-            r.v = [v.new_zeros(shape) for _ in range(self.num_layers)]
+        r.layer_buffers("k", self.num_layers, k)  # the first cached forward allocates the K/V slots
+        r.layer_buffers("v", self.num_layers, v)
         where = self.cols[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
         if self.idx is None:  # every running row: write in place
             kk, vv = r.k[layer].scatter_(2, where, k), r.v[layer].scatter_(2, where, v)

@@ -50,12 +50,12 @@ class Scheduler:
         O(block)); the first row always runs. A long refresh therefore never delays short cached
         steps beyond the forward they share; what does not fit waits for the next step."""
         positions = cost.positions
-        n = positions.numel()
-        order = torch.arange(n, device=positions.device)
-        if cost.late is not None:
-            order = torch.argsort(cost.late.long() * (n + 1) + order, stable=True)
+        key = cost.seq - cost.seq.min()  # oldest first (rows are in no particular order)
+        if cost.late is not None:  # late rows after every other
+            key = key + cost.late.long() * (key.max() + 1)
+        order = torch.argsort(key)
         within = torch.cumsum(positions[order], 0) <= self.config.max_num_batched_tokens
         within[0] = True
-        run = torch.zeros(n, dtype=torch.bool, device=positions.device)
+        run = torch.zeros(positions.numel(), dtype=torch.bool, device=positions.device)
         run[order[within]] = True
         return run

@@ -134,19 +134,14 @@ class SpecKind:
                         "temp": [float(q.params.temperature) for q in reqs], "pc": lens})
         self.sampling += sum(q.params.temperature > 0 for q in reqs)
 
-    def keep(self, rows: torch.Tensor) -> None:
-        gone = set(range(self.rows.n)) - set(rows.tolist())
+    def remove(self, gone: list[int]) -> None:
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
-        self.rows.keep(rows)
-
-    def drop(self, req) -> None:
-        self.sampling -= req.params.temperature > 0
-        self.rows.drop(req)
+        self.rows.remove(gone)
 
     # --- one step --------------------------------------------------------------------------------
     def cost(self) -> Cost:
         r = self.rows
-        return Cost(torch.where(r.new, r.P, 0) + r.pc + 2 * self.B)
+        return Cost(torch.where(r.new, r.P, 0) + r.pc + 2 * self.B, r.seq)
 
     def decode(self, run: torch.Tensor) -> Report:
         r, dev = self.rows, self.device
