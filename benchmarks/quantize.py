@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from unmask.bench.runner import context  # noqa: E402
-from unmask.cache.kv import StaticKV  # noqa: E402
+from unmask.kv.static import StaticKV  # noqa: E402
 from unmask.files import write_json_atomic  # noqa: E402
 from unmask.layers.dispatch import NEVER, OneDNNLinear, choices, use_kernels  # noqa: E402
 from unmask.layers.quant import Int8Linear, quantize_model, targets  # noqa: E402

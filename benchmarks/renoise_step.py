@@ -4,7 +4,7 @@ beside the roofline's prediction for the same forwards.
 Two random-weight shapes: the tiny test config (hidden 64, 3 layers, 4 experts) and a 25 M-class
 shape with MoE layers (hidden 512, 8 layers in Gemma 4's sliding/full pattern, 8 experts of 128,
 top 2, beside a dense MLP of 688). For each canvas length (the release's 256, and 32) and batch
-(1, 8): b requests with a prompt of --prompt tokens run through RenoiseEngine for --steps
+(1, 8): b requests with a prompt of --prompt tokens run through the engine's renoising rows for --steps
 denoising steps per canvas; the encoder pass (the prompt), each denoising step (forward plus the
 sampler: temperature, draw, entropy bound, renoising, stopping test) and the engine's own time
 are timed apart. Random weights never stop a canvas early, so the forwards per canvas are the
@@ -27,8 +27,7 @@ import torch  # noqa: E402
 
 from unmask.bench import roofline as rl  # noqa: E402
 from unmask.bench.runner import context  # noqa: E402
-from unmask.engine import EngineConfig  # noqa: E402
-from unmask.engine.renoise import RenoiseEngine  # noqa: E402
+from unmask.engine import Engine, EngineConfig  # noqa: E402
 from unmask.files import writable_folder, write_json_atomic  # noqa: E402
 from unmask.models.base import TokenIds  # noqa: E402
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch  # noqa: E402
@@ -59,7 +58,7 @@ def build(shape: str, canvas: int, seed: int = 0) -> DiffusionGemmaModel:
 def run(model, batch: int, prompt: int, steps: int) -> dict:
     V = model.config.vocab_size
     tokens = TokenIds(mask=None, eos=V - 1, pad=V - 2, stop=(V - 1,))
-    engine = RenoiseEngine(model, tokens, EngineConfig(max_num_seqs=batch, trace_limit=None))
+    engine = Engine(model, tokens, EngineConfig(max_num_seqs=batch, trace_limit=None))
     p = GenerationParams(gen_length=model.config.canvas_length, block_length=model.config.canvas_length,
                          max_denoising_steps=steps, seed=0)
     gen = torch.Generator().manual_seed(1)

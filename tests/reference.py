@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from unmask.cache.kv import StaticKV
+from unmask.kv.static import StaticKV
 from unmask.canvas import Canvas, retire_rows
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.trace import Decoded, ForwardRecord

@@ -13,6 +13,7 @@ from transformers import DynamicCache, Qwen3Config  # noqa: E402
 
 from reference_dflash import DFlashDraftModel, build_target_layer_ids  # noqa: E402
 from unmask.errors import CheckpointError  # noqa: E402
+from unmask.kv import DraftCache  # noqa: E402
 from unmask.models import dflash  # noqa: E402
 from unmask.models.loader import load_drafter  # noqa: E402
 
@@ -72,7 +73,7 @@ def test_drafter_equals_the_reference_across_blocks(tmp_path):
     assert list(ours.config.target_layer_ids) == list(ref.target_layer_ids)
     n_ctx = len(ref.target_layer_ids) * 32
     g = torch.Generator().manual_seed(1)
-    ref_cache, our_cache = DynamicCache(), dflash.DraftCache(2)
+    ref_cache, our_cache = DynamicCache(), DraftCache(2)
     start = 0
     for ctx_len in (5, 3, 1):  # a prompt's context, then the accepted tokens of two blocks
         context = torch.randn(2, ctx_len, n_ctx, generator=g)

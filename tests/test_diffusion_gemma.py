@@ -18,7 +18,7 @@ from transformers.models.diffusion_gemma.generation_diffusion_gemma import Entro
 from checkpoints import write_diffusion_gemma  # noqa: E402
 from unmask import LLM, GenerationParams  # noqa: E402
 from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning  # noqa: E402
-from unmask.cache.renoise_kv import RenoiseKV  # noqa: E402
+from unmask.kv.renoise import RenoiseKV  # noqa: E402
 from unmask.models.loader import load_model  # noqa: E402
 
 

@@ -5,7 +5,7 @@ import torch
 
 from checkpoints import write_dream, write_llada
 from reference import RefModel
-from unmask.cache.kv import StaticKV
+from unmask.kv.static import StaticKV
 from unmask.models import load_model
 
 

@@ -192,3 +192,27 @@ def test_kv_rows_live_in_slots_joins_and_leaves_copy_no_cache(model):
         engine.step()
     assert [reqs[i].canvas for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
     assert engine.rows.k is None and not engine.rows._store  # freed with the last row
+
+
+def test_a_masked_step_reads_back_three_times(model, monkeypatch):
+    """The host reads of a steady cached step (every row in one window forward): the step's shape,
+    its report (with the forwards' counts), and the tokens of the rows whose committed prefix
+    grew. Counted over every read-back a tensor offers."""
+    p = GenerationParams(gen_length=32, steps=32, block_length=16, cache="dual", policy="fixed")
+    engine = Engine(model, TOKENS)
+    for q in ([1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]):
+        engine.add_request(q, p)
+    engine.step()  # admission and the first (full) forward
+    reads = []
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "nonzero"):
+        real = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _real=real, _name=name, **k):
+            reads.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    engine.step()
+    monkeypatch.undo()
+    assert engine.trace[-1].kind == "window" and engine.trace[-1].rows == 4
+    assert len(reads) <= 3, reads

@@ -162,18 +162,23 @@ class Engine:
     # --- one step --------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        new = self.scheduler.admit(self.kind.rows.n)
-        if new:
-            now = time.perf_counter()
-            for req in new:
-                req.status, req.started = Status.RUNNING, req.started or now
-            self.kind.admit(new)
+        self._admit()
         if self.kind.rows.n == 0:
             return []
         run = self.scheduler.budget(self.kind.cost())
         report = self.kind.decode(run)
         self.trace.extend(report.records)
         return self._outputs(report)
+
+    @torch.inference_mode()
+    def _admit(self) -> None:
+        """The waiting requests the scheduler admits become rows of the kind."""
+        new = self.scheduler.admit(self.kind.rows.n)
+        if new:
+            now = time.perf_counter()
+            for req in new:
+                req.status, req.started = Status.RUNNING, req.started or now
+            self.kind.admit(new)
 
     def _outputs(self, report: Report) -> list[StepOutput]:
         """Each request's record and StepOutput from the step's report; finished rows leave."""

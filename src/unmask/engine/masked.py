@@ -117,7 +117,7 @@ class MaskedKind:
     def _run(self, work: StepWork, f: Forward) -> None:
         r, t0 = self.rows, time.perf_counter()
         fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
-        logits = self.runner.forward(f.full, f.idx, work.plan, r.s, work.W, f.all_rows)
+        logits = self.runner.forward(f, work.plan, r.s, work.W)
         done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0)
         if self.observer is not None:
             if self.committer.tp is not None:  # diagnostics compare whole distributions

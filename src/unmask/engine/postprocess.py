@@ -48,10 +48,14 @@ def advance(rows: RowState, work: StepWork) -> Report:
     prefix = torch.where(revising, torch.minimum(prefix, final), prefix)
     stuck = run & block_open & (committed == 0) & (remasked == 0)
     info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), w.seal.long(), w.redo.long(),
-                        edits, remasked, nxt.long()], 1).tolist()
+                        edits, remasked, nxt.long()], 1)
+    counts = w.counts()
+    flat = torch.cat([info.flatten(), counts.flatten()]).tolist()  # the step's one read of its report
+    info = [flat[i * 10 : i * 10 + 10] for i in range(r.n)]
+    rest = flat[r.n * 10 :]
     if any(row[9] for row in info):
         r.start_blocks(nxt.nonzero().squeeze(-1))
-    report = Report(records=w.finish_records())
+    report = Report(records=w.finish_records([rest[i : i + 3] for i in range(0, len(rest), 3)]))
     grew = [i for i, (ran, _, pre, *_) in enumerate(info) if ran and (pre > r.reqs[i].committed or r.reqs[i].watch)]
     gone = [i for i, row in enumerate(info) if row[3]]
     show = sorted(set(grew) | set(gone))

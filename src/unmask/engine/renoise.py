@@ -3,7 +3,7 @@ rewritten until it stops (docs/diffusion-gemma.md), stepped by the one engine (e
 
 Every request is a row of batched tensors (its canvas, argmax canvas, self-conditioning logits,
 step counter, stability history, sampler settings, and its rows of the encoder's KV cache,
-unmask.cache.renoise_kv); a request joins at the next step and leaves the step it finishes. One
+unmask.kv.renoise); a request joins at the next step and leaves the step it finishes. One
 step:
 1. the engine admits waiting requests (continuous batching, at most `max_num_seqs` rows);
 2. cost: the positions a row computes this step are its new tokens if it must encode (its
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unmask.cache.renoise_kv import RenoiseKV
+from unmask.kv.renoise import RenoiseKV
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.rows import Rows, per_row
 from unmask.sampler.renoise import accept_mask, categorical_entropy

@@ -34,7 +34,7 @@ import torch
 
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.rows import Rows, per_row
-from unmask.engine.runner import RowsKV
+from unmask.kv.rows import DraftKV, RowsKV
 from unmask.trace import ForwardRecord
 
 
@@ -43,27 +43,6 @@ class SpecStats(Stats):
     draft_forwards: int = 0  # drafter forwards (each proposes block_size - 1 tokens)
     drafted: int = 0  # draft tokens proposed to the target
     accepted: int = 0  # of those, the ones the target accepted
-
-
-class _DraftKV:
-    """The drafter's context cache over rows `idx` (None: every running row): per layer
-    (n, H_kv, cap + 1, D); the new context of row r goes to columns [dlen_r, dlen_r + count_r),
-    its padding to the scratch column."""
-
-    def __init__(self, rows: "SpecRows", cols: torch.Tensor, idx: torch.Tensor | None) -> None:
-        self.rows, self.cols, self.idx = rows, cols, idx
-
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor, context: int):
-        r, c = self.rows, context
-        dk, dv = r.layer_buffers("dk", r.draft_layers, k), r.layer_buffers("dv", r.draft_layers, v)
-        where = self.cols[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        if self.idx is None:
-            kk, vv = dk[layer].scatter_(2, where, k[:, :, :c]), dv[layer].scatter_(2, where, v[:, :, :c])
-        else:
-            kk = dk[layer][self.idx].scatter_(2, where, k[:, :, :c])
-            vv = dv[layer][self.idx].scatter_(2, where, v[:, :, :c])
-            dk[layer][self.idx], dv[layer][self.idx] = kk, vv
-        return torch.cat([kk, k[:, :, c:]], 2), torch.cat([vv, v[:, :, c:]], 2)
 
 
 @dataclass
@@ -88,12 +67,17 @@ class SpecRows(Rows):
     num_layers: int = 0
     draft_layers: int = 0
 
-    def put_pend(self, idx: torch.Tensor, feats: torch.Tensor) -> None:
-        """Rows `idx`' unread features become `feats` (k, w, F) (widths padded to fit)."""
+    def put_pend(self, idx: torch.Tensor | None, feats: torch.Tensor) -> None:
+        """Rows `idx`' (None: every row) unread features become `feats` (k, w, F) (widths padded
+        to fit)."""
+        if idx is None:
+            self.pend = feats
+            return
         if self.pend is None:
             self.pend = feats.new_zeros(self.n, feats.shape[1], feats.shape[2])
         w = max(self.pend.shape[1], feats.shape[1])
-        pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], w - t.shape[1], t.shape[2])], 1)  # noqa: E731
+        pad = lambda t: t if t.shape[1] == w else torch.cat(  # noqa: E731
+            [t, t.new_zeros(t.shape[0], w - t.shape[1], t.shape[2])], 1)
         self.pend = pad(self.pend)
         self.pend[idx] = pad(feats)
 
@@ -191,7 +175,7 @@ class SpecKind:
         every = n == r.n
         sub = None if every else idx
         t0 = time.perf_counter()
-        ver, dlen, pc = r.ver[idx], r.dlen[idx], r.pc[idx]
+        ver, dlen, pc = (r.ver, r.dlen, r.pc) if every else (r.ver[idx], r.dlen[idx], r.pc[idx])
         start = ver - 1  # the last verified token: the block's first position, not yet in the target's cache
         ar = torch.arange(B, device=dev)[None, :]
         block = torch.full((n, B), self.mask, dtype=torch.long, device=dev)
@@ -205,9 +189,12 @@ class SpecKind:
         keys = torch.arange(r.cap + 1, device=dev)[None, :] < (dlen + pc)[:, None]
         mask = torch.cat([keys, torch.ones(n, B, dtype=torch.bool, device=dev)], 1)[:, None, None, :]
         hidden = self.drafter(self.model.embed(block), pend, torch.cat([dlen[:, None] + aw, bpos], 1),
-                              _DraftKV(r, cols, sub), mask)
+                              DraftKV(r, cols, sub), mask)
         block[:, 1:] = self.model.head(hidden[:, 1:]).argmax(-1)
-        r.dlen[idx] = dlen + pc
+        if every:
+            r.dlen = dlen + pc
+        else:
+            r.dlen[idx] = dlen + pc
         t1 = time.perf_counter()
         kv = RowsKV(r, sub, bpos, False, r.num_layers)
         key_mask = torch.arange(r.cap + 1, device=dev)[None, :] < (start + B)[:, None]
@@ -218,12 +205,10 @@ class SpecKind:
         ok = ar < gained[:, None]
         x = x.scatter(1, torch.where(ok, ver[:, None] + ar, r.cap), choice)
         if every:
-            r.x = x
+            r.x, r.ver, r.pc = x, ver + gained, gained
         else:
-            r.x[idx] = x
-        r.ver[idx] = ver + gained
-        r.put_pend(idx, feats)
-        r.pc[idx] = gained
+            r.x[idx], r.ver[idx], r.pc[idx] = x, ver + gained, gained
+        r.put_pend(sub, feats)
         gained_out[idx] = gained
         t2 = time.perf_counter()
         return [ForwardRecord("draft", n, float(B + w), 0, t1 - t0), ForwardRecord("verify", n, float(B), 0, t2 - t1)]

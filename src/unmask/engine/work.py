@@ -19,6 +19,9 @@ class Forward:
     count: int
     positions: int  # summed over the rows
     verify: bool  # a verifying cache may doubt this forward's commits
+    width: int = 0  # the widest row: a window's query columns, or a full forward's canvas
+    ragged: bool = False  # a full forward's rows differ in length (padding to mask)
+    writes_kv: bool = False  # a full forward whose rows keep their K/V
     idx: torch.Tensor | None = None
     all_rows: bool = False
 
@@ -27,32 +30,47 @@ class Forward:
         return self.kind == "full"
 
 
+def _shape(plan: Plan, window: torch.Tensor, full: torch.Tensor) -> list[torch.Tensor]:
+    """What sizes a window forward over rows `window` and a full forward over rows `full`: rows,
+    positions, the widest window, the longest and shortest canvas, whether any full row keeps K/V."""
+    big = torch.iinfo(plan.end.dtype).max
+    return [window.sum(), torch.where(window, plan.cost, 0).sum(), torch.where(window, plan.end - plan.start, 0).max(),
+            full.sum(), torch.where(full, plan.end, 0).sum(), torch.where(full, plan.end, 0).max(),
+            torch.where(full, plan.end, big).min(), (full & plan.kv).any().long()]
+
+
 class StepWork:
     """The step's forwards, in order: `window()` (the cached rows), then, when a verifying cache
     doubted some of them, `recompute(plan)` with what those rows recompute, then `rest()` (the
-    full rows, and the doubted rows that recompute in one more window)."""
+    full rows, and the doubted rows that recompute in one more window). Every size the forwards
+    need is read in one transfer when the step is planned (and one more after a recomputation)."""
 
     def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor, verifying: bool) -> None:
         self.rows, self.plan, self.run, self.verifying = rows, plan, run, verifying
         self.seal = run & plan.seals
-        self.window_rows, self.full_rows = run & ~plan.full, run & plan.full
-        cost = plan.cost
-        # one host read for the step's shape: widest block, rows and positions of each kind
-        self.W, self.n_win, self.n_full, self.pos_win, self.pos_full, self.n_seal = torch.stack([
-            (rows.e - rows.s).max(), self.window_rows.sum(), self.full_rows.sum(),
-            torch.where(self.window_rows, cost, 0).sum(), torch.where(self.full_rows, cost, 0).sum(),
-            self.seal.sum()]).tolist()
+        window_rows, full_rows = run & ~plan.full, run & plan.full
+        # one host read for the step's shape: the widest block, sealing rows, each forward's sizes
+        self.W, self.n_seal, *sizes = torch.stack([(rows.e - rows.s).max(), self.seal.sum(),
+                                                   *_shape(plan, window_rows, full_rows)]).tolist()
+        self._window = self._forwards(window_rows, full_rows, sizes, self.verifying)
         self.committed = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
         self.redo = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)
         self.edits = torch.zeros(rows.n, dtype=torch.long, device=rows.device)  # revising policies' edits
         self.remasked = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
         self.had_mask = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)  # the open block had a mask
         self.records: list[tuple[ForwardRecord, torch.Tensor]] = []
-        self._suffix = None
+        self._suffix = False  # after a recomputation: the doubted rows' second window
+
+    def _forwards(self, window_rows, full_rows, sizes, verify: bool) -> tuple[Forward, Forward]:
+        n_win, pos_win, q, n_full, pos_full, longest, shortest, kv = sizes
+        win = Forward("window", window_rows, n_win, pos_win, verify, width=q)
+        full = Forward("full", full_rows, n_full, pos_full, False, width=longest, ragged=shortest != longest,
+                       writes_kv=bool(kv))
+        return win, full
 
     def window(self) -> list[Forward]:
         """The cached rows' forward (their commits may be doubted by a verifying cache)."""
-        return self._ready(Forward("window", self.window_rows, self.n_win, self.pos_win, self.verifying))
+        return self._ready(self._window[0])
 
     def doubted(self) -> bool:
         """Did a verifying cache doubt a row's cached step? (a host read, only when one verifies)"""
@@ -62,18 +80,17 @@ class StepWork:
         """The doubted rows recompute the step: in the full forward (the whole canvas), or in one
         more window (the block and the masked suffix), as `again` (their caches' plans) says."""
         self.plan = self.plan.where(self.redo, again)
-        self.full_rows = self.full_rows | (self.redo & again.full)
-        self._suffix = self.redo & ~again.full
-        self.n_full, self.pos_full, self.n_suffix, self.pos_suffix = torch.stack([
-            self.full_rows.sum(), torch.where(self.full_rows, self.plan.end, 0).sum(), self._suffix.sum(),
-            torch.where(self._suffix, self.plan.cost, 0).sum()]).tolist()
+        full_rows = self._window[1].rows | (self.redo & again.full)
+        suffix = self.redo & ~again.full
+        suffix_win, full = self._forwards(suffix, full_rows, torch.stack(_shape(self.plan, suffix, full_rows)).tolist(),
+                                          False)
+        self._window = (suffix_win, full)
+        self._suffix = True
 
     def rest(self) -> list[Forward]:
         """The full rows' forward, then the doubted rows' second window (if any)."""
-        out = self._ready(Forward("full", self.full_rows, self.n_full, self.pos_full, False))
-        if self._suffix is not None:
-            out += self._ready(Forward("window", self._suffix, self.n_suffix, self.pos_suffix, False))
-        return out
+        win, full = self._window
+        return self._ready(full) + (self._ready(win) if self._suffix else [])
 
     def _ready(self, f: Forward) -> list[Forward]:
         if not f.count:
@@ -98,9 +115,15 @@ class StepWork:
                                                zero if done.edits is None else done.edits.sum(),
                                                zero if done.remasked is None else done.remasked.sum()])))
 
-    def finish_records(self) -> list[ForwardRecord]:
-        """The step's records, their committed, edited and remasked counts read in one transfer."""
-        if self.records:
-            for (rec, _), (n, ed, rm) in zip(self.records, torch.stack([c for _, c in self.records]).tolist()):
-                rec.committed, rec.edits, rec.remasked = n, ed, rm
+    def counts(self) -> torch.Tensor:
+        """(forwards, 3): each forward's committed, edited and remasked counts (to be read with the
+        step's report, in one transfer)."""
+        if not self.records:
+            return torch.zeros(0, 3, dtype=torch.long, device=self.rows.device)
+        return torch.stack([c for _, c in self.records])
+
+    def finish_records(self, counts: list[list[int]]) -> list[ForwardRecord]:
+        """The step's records with their counts (as read from `counts()`)."""
+        for (rec, _), (n, ed, rm) in zip(self.records, counts):
+            rec.committed, rec.edits, rec.remasked = n, ed, rm
         return [rec for rec, _ in self.records]

@@ -377,7 +377,7 @@ class _Inner(nn.Module):
 class DiffusionGemmaModel(nn.Module):
     """`encode` writes tokens into the encoder's KV cache; `denoise` returns a canvas's logits. No
     `forward`: the masked-diffusion interface does not apply to a renoising model. The KV cache
-    is the caller's (unmask.cache.renoise_kv): the model asks it, per layer, for the keys,
+    is the caller's (unmask.kv.renoise): the model asks it, per layer, for the keys,
     values and mask to attend over."""
 
     tp_plan = {
@@ -413,7 +413,7 @@ class DiffusionGemmaModel(nn.Module):
         return e(ids) * torch.tensor(self.config.hidden_size ** 0.5, dtype=e.weight.dtype)
 
     def encode(self, ids: torch.Tensor, positions: torch.Tensor, kv) -> None:
-        """Write ids (B, n) at positions (B, n) into `kv` (unmask.cache.renoise_kv.RenoiseKV, in
+        """Write ids (B, n) at positions (B, n) into `kv` (unmask.kv.renoise.RenoiseKV, in
         its `writing` context), causally: each layer asks kv.encoder_keys for the keys and mask."""
         dec, enc = self.model.decoder, self.model.encoder.language_model
         ropes = self._ropes(positions, dec.embed_tokens.weight.dtype)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from unmask.models.dflash import DFlashDrafter, DraftCache
+from unmask.kv.draft import DraftCache
+from unmask.models.dflash import DFlashDrafter
 
 
 class _GrowingKV:

@@ -30,7 +30,7 @@ import time
 import torch
 
 from unmask.models.base import TokenIds
-from unmask.cache.renoise_kv import RenoiseKV
+from unmask.kv.renoise import RenoiseKV
 from unmask.models.diffusion_gemma import DiffusionGemmaModel
 from unmask.params import GenerationParams
 from unmask.sampler.renoise import accept_mask, categorical_entropy

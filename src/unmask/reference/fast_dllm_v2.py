@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from unmask.cache.kv import StaticKV
+from unmask.kv.static import StaticKV
 from unmask.errors import UnmaskError
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams

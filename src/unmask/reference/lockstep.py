@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from unmask.cache.kv import StaticKV
+from unmask.kv.static import StaticKV
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.canvas import Canvas, finished_rows, retire_rows

@@ -30,7 +30,7 @@ from torch import nn
 
 from unmask.models.dflash import DFlashDrafter, DraftConfig
 from unmask.train.data import Batch, group_batches
-from unmask.train.trainer import write_checkpoint
+from unmask.train.checkpoint import write_checkpoint
 
 
 def draft_config(cfg, target, mask_id: int) -> DraftConfig:

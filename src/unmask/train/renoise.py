@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from unmask.cache.renoise_kv import RenoiseKV
+from unmask.kv.renoise import RenoiseKV
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch
@@ -118,7 +118,7 @@ def renoise_loss(model: DiffusionGemmaModel, b: Batch, t: torch.Tensor, self_con
 
 def save(model: DiffusionGemmaModel, tok, folder: Path, cfg, ids: TokenIds, meta: dict) -> None:
     """A checkpoint folder in DiffusionGemma's released layout."""
-    from unmask.train.trainer import write_checkpoint
+    from unmask.train.checkpoint import write_checkpoint
 
     gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, "max_new_tokens": cfg.gen_length}
     write_checkpoint(folder, model, config_json(cfg, model.config.vocab_size, ids), gen, meta, tok)

@@ -10,19 +10,18 @@ Seeded and resumable: the run folder holds `trainer_state.pt` (model, optimizer,
 states) and `model/`, a checkpoint in the released LLaDA layout that loads through unmask's loader.
 """
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.models.llada import LLaDAModel
 from unmask.tasks import TASKS
-from unmask.train.data import BOS, EOS, MASK, PAD, SPECIALS, Batch, save_tokenizer_files
+from unmask.train.checkpoint import write_checkpoint
+from unmask.train.data import BOS, EOS, MASK, PAD, SPECIALS, Batch
 
 DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
@@ -165,27 +164,6 @@ def save_model(model: LLaDAModel, tok, folder: Path, gen_defaults: dict, meta: d
     ids = token_ids(tok)
     gen = {"eos_token_id": ids.eos, "pad_token_id": ids.pad, "bos_token_id": ids.bos, **gen_defaults}
     write_checkpoint(folder, model, llada_config_json(model.config, ids), gen, meta, tok)
-
-
-def write_checkpoint(folder: Path, model, config: dict, generation: dict | None, meta: dict, tok) -> None:
-    """A checkpoint folder: the model's state dict (its names are the release's), config.json,
-    generation_config.json (unless None: a drafter has none), training.json and the tokenizer
-    files, written atomically (a temp folder, then a rename)."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().float() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    if generation is not None:
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-    (tmp / "training.json").write_text(json.dumps(meta, indent=2))
-    save_tokenizer_files(tok, tmp)
-    if folder.exists():
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-    tmp.rename(folder)
 
 
 def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
