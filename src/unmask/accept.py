@@ -74,10 +74,6 @@ def _accept_renoising(params: GenerationParams, arch: ArchConfig, given: frozens
     return params.check(mode=get_mode(RENOISE_COMPAT), subject=subject)
 
 
-def model_kind(arch: ArchConfig) -> str:
-    return "causal" if arch.causal else "block" if arch.block_size else "full"
-
-
 def accept(params: GenerationParams, arch: ArchConfig, given: Iterable[str] | None = None,
            engine: bool = False) -> GenerationParams:
     """`given`: the fields the caller set explicitly (CLI flags, request fields); without it, the
@@ -90,7 +86,7 @@ def accept(params: GenerationParams, arch: ArchConfig, given: Iterable[str] | No
 
 @lru_cache(maxsize=1024)
 def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None, engine: bool) -> GenerationParams:
-    kind = model_kind(arch)
+    kind = arch.kind
     if kind == "causal":
         if given is None:  # what differs from the reference setting and from what accept sets
             given = frozenset(f for f in PARAM_FIELDS if f not in SHAPE and getattr(params, f) != getattr(_REFERENCE, f)
@@ -100,7 +96,7 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
             raise UnmaskError(f"{', '.join(wrong)}: not used by an autoregressive model (it decodes one token per "
                               f"forward with its KV cache); it takes {', '.join(AR_FIELDS)}", param=wrong[0])
         return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
-    if arch.canvas_length:
+    if arch.kind == "renoise":
         return _accept_renoising(params, arch, given, engine)
     if params.compat is not None:  # the mode's family before its settings
         get_mode(params.compat).check_family(arch.family)

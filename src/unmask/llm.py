@@ -150,7 +150,7 @@ class LLM:
             self._load_drafter(dtype, device)
         draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id
         self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer,
-                                                     needs_mask=not self.arch.canvas_length and draft_mask is None)
+                                                     needs_mask=self.arch.kind != "renoise" and draft_mask is None)
         if self.token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
             self.token_ids = replace(self.token_ids, mask=draft_mask)
         check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
@@ -178,7 +178,7 @@ class LLM:
         block_length, steps) and the diffusion decoding settings (policy, its knobs, cache);
         sampling settings (temperature, top_p, ...) stay the caller's."""
         g = self.generation_config
-        if self.arch.canvas_length:  # a renoising model: its sampler's fields, as its generate reads them
+        if self.arch.kind == "renoise":  # a renoising model: its sampler's fields, as its generate reads them
             return renoise_defaults(g)
         defaults = {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
         if self.arch.block_size:  # a block-diffusion model decodes its own blocks, with its exact cache
@@ -192,13 +192,20 @@ class LLM:
     def default_params(self, **given) -> GenerationParams:
         """Checked parameters: `given`, then the checkpoint's recommendations, then unmask's fast
         defaults (not for an autoregressive model). What `generate` uses when given no parameters."""
-        return self.accept(self.resolve(given), given)
+        return self.params_for(given)
 
-    def resolve(self, given: dict, fast: bool = True) -> GenerationParams:
-        """Checked (not yet accepted) parameters from the fields a caller gave, this model's
-        generation defaults and, with `fast` (not for an autoregressive or renoising model),
-        unmask's fast defaults. A renoising model's sampler settings come from its checkpoint."""
-        keys = get_mode(RENOISE_COMPAT).model_keys if self.arch.canvas_length else ()
+    def params_for(self, given: dict, fast: bool = True) -> GenerationParams:
+        """What every front end does with the fields a caller gave (the CLI's flags, a request's
+        fields, `default_params`): resolve them with the model's defaults, then accept them for
+        this model, checking the cross-field rules once (in `accept`)."""
+        return self.accept(self.resolve(given, fast, check=False), [k for k, v in given.items() if v is not None])
+
+    def resolve(self, given: dict, fast: bool = True, check: bool = True) -> GenerationParams:
+        """Checked (not yet accepted; `check=False`: fields only) parameters from the fields a
+        caller gave, this model's generation defaults and, with `fast` (not for an autoregressive
+        or renoising model), unmask's fast defaults. A renoising model's sampler settings come from
+        its checkpoint."""
+        keys = get_mode(RENOISE_COMPAT).model_keys if self.arch.kind == "renoise" else ()
         if keys:  # its sampler is the entropy bound; masked samplers' references do not apply
             if given.get("compat", RENOISE_COMPAT) not in (None, RENOISE_COMPAT):
                 raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
@@ -209,7 +216,7 @@ class LLM:
         elif isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
             get_mode(given["compat"]).check_family(self.arch.family)  # before its settings: a default may not fit it
         return resolve_params(given, self.generation_defaults, fast and not self.arch.causal and not keys,
-                              block_size=self.arch.block_size, model_keys=keys)
+                              block_size=self.arch.block_size, model_keys=keys, check=check)
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:
         """`params` as this model runs them (unmask.accept), or an UnmaskError naming the problem."""

@@ -303,12 +303,14 @@ def implied_policy(given: dict) -> str | None:
 
 
 def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool = True,
-                   block_size: int = 0, model_keys: tuple[str, ...] = ()) -> GenerationParams:
+                   block_size: int = 0, model_keys: tuple[str, ...] = (), check: bool = True) -> GenerationParams:
     """Checked GenerationParams from what the caller gave (None = not given), the model's
     generation defaults, and, when `fast`, unmask's fast defaults. A compat mode takes only the
     shape from the model (its reference defines the rest); so does `fast=False` (evaluation).
     `block_size`: the model's attention block, for a block-diffusion model. `model_keys`: fields
-    always taken from the model's defaults (a renoising model's sampler settings)."""
+    always taken from the model's defaults (a renoising model's sampler settings). `check=False`:
+    the cross-field rules are left to the caller's `accept` (unmask.accept), which runs them once
+    for the model (each field is checked as it is built either way)."""
     given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(PARAM_FIELDS))
     if unknown:
@@ -327,7 +329,9 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
             given["cache"] = "adaptive"  # its triggers name it, as a policy's knob names the policy
         values = {**decoding, **values}
     values.update({k: v for k, v in given.items() if k not in SHAPE and v is not None})
-    params = GenerationParams(**values).check(block_size)
+    params = GenerationParams(**values)
+    if check:
+        params = params.check(block_size)
     _check_knobs_apply(given, params)
     return params
 

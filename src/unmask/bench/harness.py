@@ -154,7 +154,7 @@ def likelihood(llm: LLM, prompt: list[int], target: list[int], mc_num: int = 32,
     """log p(target | prompt): exact for a causal model (and whether greedy decoding gives the
     target); for a diffusion model, LLaDA's Monte-Carlo lower bound (is_greedy False)."""
     model = llm.model
-    if model.config.canvas_length:
+    if model.config.kind == "renoise":
         raise UnmaskError(f"loglikelihood of a renoising model ({model.config.family}) is not implemented (no bound "
                           "for uniform-token corruption here); use generate_until tasks")
     device = next(model.parameters()).device

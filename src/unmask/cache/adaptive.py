@@ -24,6 +24,7 @@ class AdaptiveCache(CachePolicy):
     start and `refresh_interval` steps are full refreshes either way. Rows decide alone."""
 
     name: ClassVar[str] = "adaptive"
+    row_state: ClassVar[dict] = {"since": lambda P, align: 0}  # tokens committed since the last full forward
     knobs: ClassVar[tuple[str, ...]] = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
     SCOPES: ClassVar[tuple[str, ...]] = ("suffix", "canvas")
     DEFAULT_TRIGGER: ClassVar[dict] = {"refresh_below": 0.9}
@@ -48,7 +49,7 @@ class AdaptiveCache(CachePolicy):
         end = rows.e
         trig = torch.zeros_like(fresh)
         if self.refresh_tokens is not None:  # stale: tokens committed since the last refresh
-            trig = (rows.since >= self.refresh_tokens) & ~fresh
+            trig = (rows.state["since"] >= self.refresh_tokens) & ~fresh
             if self.refresh_scope == "canvas":
                 fresh = fresh | trig
             else:  # the block and the masked suffix against the block start's prefix K/V
@@ -65,4 +66,5 @@ class AdaptiveCache(CachePolicy):
         return Plan.window(rows, rows.s - shift, rows.L, full=full)
 
     def after(self, rows, ran, plan, doubted, committed, align) -> None:
-        rows.since = torch.where(ran, torch.where(plan.reset | doubted, 0, rows.since) + committed, rows.since)
+        since = rows.state["since"]
+        rows.state["since"] = torch.where(ran, torch.where(plan.reset | doubted, 0, since) + committed, since)

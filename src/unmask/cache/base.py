@@ -52,7 +52,9 @@ class Plan:
 class CachePolicy:
     """The interface; see the module docstring. `rows` is the engine's RowState: per-row tensors
     s / e (the open block), L (canvas end), P (prompt end), blk (block length), step (inside the
-    block), block (index), since and kv_done (counters the policies own)."""
+    block), block (index); and `rows.state[name]`, the (n,) long counters a policy declares in
+    `row_state` (name -> its value when a row joins, from the row's prompt end P and the model's
+    attention block `align`): the engine keeps them with the rows and knows nothing else of them."""
 
     name: ClassVar[str]
     stores_kv: ClassVar[bool] = True
@@ -61,6 +63,8 @@ class CachePolicy:
     # what the architecture must be: "full" (bidirectional over the canvas), "block" (bd_size),
     # "causal" (the AR twin); a policy suits the kinds it names
     suits: ClassVar[tuple[str, ...]] = ("full",)
+    # per-row counters the policy owns: name -> initial value (P, align) -> int
+    row_state: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def from_params(cls, p: Any) -> "CachePolicy":

@@ -15,11 +15,13 @@ class ExactCache(CachePolicy):
     """One prefill (the prompt and the first block), then each step the open block only; the step
     after a block completes also recomputes that block with its final tokens (the seal forward,
     fused with the next block's first step: the window starts at the first column whose K/V is
-    not yet exact, `rows.kv_done`)."""
+    not yet exact, its counter `kv_done`)."""
 
     name: ClassVar[str] = "exact"
     suits: ClassVar[tuple[str, ...]] = ("block",)
     sub_block_cache: ClassVar[bool] = False  # also cache the open block between its sub-blocks
+    # K/V exact before this column: the prompt's whole attention blocks once prefilled
+    row_state: ClassVar[dict] = {"kv_done": lambda P, align: P // align * align}
 
     def plan(self, rows, shift: int, align: int) -> Plan:
         s = rows.s
@@ -27,11 +29,12 @@ class ExactCache(CachePolicy):
         whole = torch.ones_like(prefill) if not self.sub_block_cache else rows.step == 0
         attn_end = torch.minimum((s // align + 1) * align, rows.L)
         sub_start = torch.minimum(s // rows.blk * rows.blk, s - shift)  # with the prompt's end, in the first
-        start = torch.where(whole, torch.minimum(rows.kv_done, s - shift), sub_start)
+        kv_done = rows.state["kv_done"]
+        start = torch.where(whole, torch.minimum(kv_done, s - shift), sub_start)
         end = torch.where(whole, attn_end, rows.e)
-        finished = rows.kv_done < s // align * align  # a block finished since its K/V were computed
+        finished = kv_done < s // align * align  # a block finished since its K/V were computed
         yes = torch.ones_like(prefill)
         return Plan(prefill, torch.where(prefill, 0, start), end, yes, ~prefill & finished, prefill.clone())
 
     def after(self, rows, ran, plan, doubted, committed, align) -> None:
-        rows.kv_done = torch.where(ran, rows.s // align * align, rows.kv_done)
+        rows.state["kv_done"] = torch.where(ran, rows.s // align * align, rows.state["kv_done"])

@@ -191,7 +191,7 @@ def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
     """The decoding parameters for this model, accepted for it (unmask.accept: the flags given are
     what it checks an autoregressive model against)."""
     given = given_params(a)
-    return llm.accept(llm.resolve(given, fast), given)
+    return llm.params_for(given, fast)
 
 
 FAST_TEXT = ("the checkpoint's generation_config.json, else unmask's fast defaults ("

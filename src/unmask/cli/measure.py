@@ -199,7 +199,7 @@ def cmd_roofline(a: argparse.Namespace) -> int:
                             gpu_memory=rl.GPU_MEMORY[a.hardware or "h100-sxm"])
         print(json.dumps(table) if a.json else rl.format_tp(table, model.hw))
         return 0
-    if arch is not None and arch.canvas_length:  # a renoising model: its cost per canvas
+    if arch is not None and arch.kind == "renoise":  # a renoising model: its cost per canvas
         if a.plot:
             raise UnmaskError("--plot draws AR against masked diffusion; a renoising model prints its table")
         table = rl.renoise_table(model, arch, a.prompt, batches=batches)

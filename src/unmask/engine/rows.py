@@ -38,6 +38,7 @@ class Rows:
     cap: int = 0
     seq: torch.Tensor = per_row()  # admission order (the scheduler's "oldest first")
     _store: dict = field(default_factory=dict)  # layers field -> per layer (slots, H, cap + 1, D)
+    state: dict = field(default_factory=dict)  # counters declared by a component (a cache policy): name -> (n,)
     _next_seq: int = 0
 
     def __post_init__(self) -> None:
@@ -96,6 +97,9 @@ class Rows:
                 self._store[name] = store
             for u in store:
                 u[n : n + k].zero_()
+        for name, cur in self.state.items():
+            value = values.get(name, [0] * k)
+            self.state[name] = torch.cat([cur, torch.as_tensor(value, dtype=torch.long).to(self.device).reshape(k)])
         for f in self._fields():
             cur = getattr(self, f.name)
             if cur is None or f.metadata["layers"]:
@@ -129,6 +133,7 @@ class Rows:
                 for u in store:
                     u[to] = u[frm]
         index = torch.tensor(perm, dtype=torch.long, device=self.device)
+        self.state = {name: t[index] for name, t in self.state.items()}
         for f in self._fields():
             t = getattr(self, f.name)
             if t is None or f.metadata["layers"]:
@@ -138,6 +143,11 @@ class Rows:
             setattr(self, f.name, None if m == 0 and f.metadata["lazy"] else t[index])
         self._views()
         return perm
+
+    def declare(self, name: str) -> None:
+        """A per-row counter a component owns (`state[name]`, (n,) long; 0 for rows already there)."""
+        if name not in self.state:
+            self.state[name] = torch.zeros(self.n, dtype=torch.long, device=self.device)
 
     def drop(self, req) -> list[int]:
         """Remove one request's row."""
@@ -170,8 +180,6 @@ class RowState(Rows):
     step: torch.Tensor = per_row()  # step inside the open block
     age: torch.Tensor = per_row()  # steps the row has run
     cfg: torch.Tensor = per_row()  # setting id
-    since: torch.Tensor = per_row()  # cache policy counter: tokens committed since the last full forward
-    kv_done: torch.Tensor = per_row()  # cache policy counter: K/V exact before this column (block models)
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
     max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
     post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
@@ -203,10 +211,14 @@ class RowState(Rows):
         pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
         pos[0, :L] = torch.arange(L)
         e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
+        cache = req.parts.cache
+        for name in cache.row_state:  # the counters its cache policy keeps per row
+            self.declare(name)
         self.append([req], dict(
+            **{name: [init(P, align)] for name, init in cache.row_state.items()},
             x=x, pos=pos, L=L, P=P, blk=p.block_length, spb=p.steps_per_block,
             tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
-            cfg=cfg_id, since=0, kv_done=P // align * align if align else 0, early=req.parts.early_stop,
+            cfg=cfg_id, early=req.parts.early_stop,
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))

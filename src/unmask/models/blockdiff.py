@@ -1,6 +1,6 @@
 """Block-diffusion checkpoints in the Qwen layouts (no remote code): Fast-dLLM v2 and SDAR.
 
-Both run the Qwen decoder (unmask.models.dream.DreamModel: the same parameter names) with
+Both run the Qwen decoder (unmask.models.qwen.QwenModel: the same parameter names) with
 block-causal attention over blocks of `bd_size` positions (ArchConfig.block_size).
 
 - Fast-dLLM v2 (`Efficient-Large-Model/Fast_dLLM_v2_7B`, model_type "Fast_dLLM_Qwen"): Qwen2.5

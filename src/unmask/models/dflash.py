@@ -27,7 +27,7 @@ from unmask.errors import CheckpointError
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding, apply_rotary
 from unmask.models.base import cfg_flag, cfg_float, cfg_int
-from unmask.models.dream import GatedMLP
+from unmask.models.qwen import GatedMLP
 
 ARCHITECTURES = ("DFlashDraftModel",)
 

@@ -22,7 +22,7 @@ from unmask.layers.moe import MoEConfig, Router, SparseMoE
 from unmask.layers.norm import RMSNorm
 from unmask.layers.rope import RotaryEmbedding
 from unmask.models.base import ArchConfig, DiffusionLM, cfg_flag, cfg_float, cfg_int
-from unmask.models.dream import GatedMLP
+from unmask.models.qwen import GatedMLP
 
 LLADA2_BLOCK = 32
 F = "LLaDA2"

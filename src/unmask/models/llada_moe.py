@@ -18,7 +18,7 @@ from unmask.errors import CheckpointError
 from unmask.layers.moe import MoEConfig, Router, SparseMoE
 from unmask.layers.norm import RMSNorm
 from unmask.models.base import ArchConfig, cfg_flag, cfg_float, cfg_int
-from unmask.models.dream import DreamModel, GatedMLP, QwenAttention
+from unmask.models.qwen import GatedMLP, QwenAttention, QwenModel
 
 F = "LLaDA-MoE"
 
@@ -105,7 +105,7 @@ class _Layer(nn.Module):
         return x + y
 
 
-class LLaDAMoEModel(DreamModel):
+class LLaDAMoEModel(QwenModel):
     """The Qwen-layout decoder (model.{embed_tokens, layers, norm}, lm_head) with LLaDA-MoE's layers."""
 
     layer = _Layer

@@ -8,10 +8,11 @@ from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
-from unmask.models.dream import DreamModel, dream_arch
+from unmask.models.dream import dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
 from unmask.models.llada2 import LLaDA2Model, llada2_arch
 from unmask.models.llada_moe import LLaDAMoEModel, llada_moe_arch
+from unmask.models.qwen import QwenModel
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,16 @@ FAMILIES = (
     # LLaDA2.0 / 2.1: block-diffusion mixture of experts
     Family("llada2", ("llada2_moe",), ("LLaDA2MoeModelLM",), llada2_arch, LLaDA2Model,
            "LLaDA2.0 / 2.1 (inclusionAI/LLaDA2.x-mini / -flash): block diffusion, mixture of experts, editing"),
-    Family("dream", ("dream",), ("DreamModel",), dream_arch, DreamModel,
+    Family("dream", ("dream",), ("DreamModel",), dream_arch, QwenModel,
            "Dream (Dream-org/Dream-v0-Instruct-7B): masked diffusion from Qwen2.5"),
     # block diffusion in the Qwen layouts: the Qwen decoder with block-causal attention
-    Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, DreamModel,
+    Family("fast_dllm_v2", ("fast_dllm_qwen",), ("Fast_dLLM_QwenForCausalLM",), fast_dllm_v2_arch, QwenModel,
            "Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_7B): block diffusion from Qwen2.5"),
-    Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, DreamModel,
+    Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, QwenModel,
            "SDAR (JetLM/SDAR-*-Chat): block diffusion from Qwen3"),
     # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
     # drafters' configs also say model_type "qwen3"
-    Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, DreamModel,
+    Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,
            "Qwen3 (Qwen/Qwen3-*): autoregressive, the target of a DFlash drafter"),
     # renoising block diffusion on the Gemma 4 stack (text only)
     Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,

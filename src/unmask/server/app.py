@@ -49,7 +49,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     app.state.llm, app.state.model_name = llm, served_model_name
     _handlers(app, api_key)
     specials = special_strings(llm)
-    kind = "autoregressive" if llm.arch.causal else "renoising" if llm.arch.canvas_length else "masked"
+    kind = {"causal": "autoregressive", "renoise": "renoising"}.get(llm.arch.kind, "masked")
 
     @app.get("/health")
     async def health():

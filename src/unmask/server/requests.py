@@ -37,9 +37,8 @@ def params_for(llm: LLM, body, ids: list[int]) -> GenerationParams:
     """The request's fields, then the model's defaults, then the fast defaults (not for an
     autoregressive model), accepted for this model (unmask.accept): a 400 names what is wrong."""
     fields = body.generation_fields()
-    given = [k for k, v in fields.items() if v is not None]
     try:
-        params = llm.accept(llm.resolve(fields), given)
+        params = llm.params_for(fields)
         check_prompts([ids], params, llm.arch, llm.token_ids)
         body.stops()
     except UnmaskError as e:
