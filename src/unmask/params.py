@@ -174,7 +174,10 @@ class GenerationParams:
 
 PARAM_FIELDS = {f.name: f for f in fields(GenerationParams)}
 # the fields some cache policy reads (each cache names its own in `knobs`)
-CACHE_KNOBS = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
+CACHE_KNOBS = tuple(dict.fromkeys(k for c in CACHES.values() for k in c.knobs))
+# a knob that one cache alone reads names that cache, as a policy's knob names the policy
+_CACHE_OF = {k: n for n, c in CACHES.items() for k in c.knobs
+             if sum(k in other.knobs for other in CACHES.values()) == 1}
 # the renoising sampler's settings (DiffusionGemma), besides gamma, its entropy bound
 RENOISE_KNOBS = ("t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
 RENOISE_COMPAT = "diffusion-gemma"  # the reference loop a renoising model decodes with
@@ -245,8 +248,7 @@ def coerce(name: str, value, label: str | None = None):
 SHAPE = ("gen_length", "block_length", "steps")
 # what a model's generation_config.json may set besides the shape (sampling knobs are the caller's)
 MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget",
-                              "cache", "refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope",
-                              *RENOISE_KNOBS)
+                              "cache", *CACHE_KNOBS, *RENOISE_KNOBS)
 # unmask's setting where a checkpoint recommends nothing: Fast-dLLM's threshold 0.9 with DualCache.
 # On the embedded model it keeps the one-token-per-step accuracy with 4.7x fewer forwards (README,
 # Results); Fast-dLLM reports the same on LLaDA-8B and Dream-7B (GSM8K within a point).
@@ -280,9 +282,6 @@ def canvas_shape(defaults: dict, given: dict, block_size: int = 0) -> dict:
         if given["gen_length"] % d.get("block_length", GenerationParams.block_length):
             d["block_length"] = given["gen_length"]
     return {**d, **given}
-
-
-ADAPTIVE_KNOBS = ("refresh_tokens", "refresh_below", "refresh_scope")
 
 
 def implied_policy(given: dict) -> str | None:
@@ -325,8 +324,9 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
         decoding = {**FAST, **{k: v for k, v in model_defaults.items() if k not in SHAPE}}
         if "policy" not in given:
             given["policy"] = implied_policy(given)
-        if "cache" not in given and any(given.get(k) is not None for k in ADAPTIVE_KNOBS):
-            given["cache"] = "adaptive"  # its triggers name it, as a policy's knob names the policy
+        named = {_CACHE_OF[k] for k, v in given.items() if v is not None and k in _CACHE_OF}
+        if "cache" not in given and len(named) == 1:
+            given["cache"] = named.pop()  # its own knobs name it (adaptive's triggers), as a policy's knob names the policy
         values = {**decoding, **values}
     values.update({k: v for k, v in given.items() if k not in SHAPE and v is not None})
     params = GenerationParams(**values)
