@@ -52,3 +52,47 @@ def test_imports_point_one_way():
 def test_every_unit_has_a_rank():
     units = {_unit(p) for p in ROOT.rglob("*.py")} - {"__init__", "__main__"}
     assert units <= set(RANK) | LEAVES, units - set(RANK) - LEAVES
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every import between unmask's modules, function-level ones too (package __init__ files,
+    which only re-export, left out)."""
+    mods = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        mods[".".join(parts[:-1]) if parts[-1] == "__init__" else ".".join(parts)] = p
+    graph = {}
+    for name, p in mods.items():
+        if p.name == "__init__.py":
+            continue
+        out = set()
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("unmask"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    out.add(sub if sub in mods else node.module)
+            elif isinstance(node, ast.Import):
+                out |= {a.name for a in node.names if a.name.startswith("unmask")}
+        graph[name] = {m for m in out if m in mods and mods[m].name != "__init__.py" and m != name}
+    return graph
+
+
+def test_no_import_circle():
+    """No two modules import each other, directly or through others (lazy imports included)."""
+    graph = _module_graph()
+    done, path, circles = set(), [], []
+
+    def visit(v):
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w in path:
+                circles.append(path[path.index(w):] + [w])
+            elif w not in done:
+                visit(w)
+        path.pop()
+        done.add(v)
+
+    for v in sorted(graph):
+        if v not in done:
+            visit(v)
+    assert not circles, circles[:3]

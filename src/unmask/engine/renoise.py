@@ -62,7 +62,8 @@ class RenoiseRows(Rows):
     argmax: torch.Tensor = per_row()  # (n, L) its argmax canvas
     cells: torch.Tensor = per_row(torch.int8)  # (n, L) the playground's cell states
     history: torch.Tensor = per_row(fill=-1)  # (n, kmax, L) the last argmax canvases, the newest last
-    sc: torch.Tensor | None = per_row(torch.float32, lazy=True)  # (n, L, V) processed logits of the last step
+    # (n, L, V) processed logits of the last step, in slots (a large tensor: joins and leaves move rows only)
+    sc: torch.Tensor | None = per_row(torch.float32, slots=True)
     L: int = 0
     pending: list = None  # per row: the tokens it encodes next, or None
     answers: list = None  # per row: the finished canvases (its committed text and padding)
@@ -188,9 +189,7 @@ class RenoiseKind:
         r.argmax[rows] = new_argmax
         stable = self._stable(rows, new_argmax, r.stability_threshold[rows])
         confident = entropy.mean(-1) < r.confidence_threshold[rows]
-        if r.sc is None:
-            r.sc = processed.new_zeros(r.n, self.L, self.V)
-        r.sc[rows] = processed
+        r.allocate("sc", (self.L, self.V), processed.dtype)[rows] = processed
         r.has_sc[rows] = True
         r.step_left[rows] -= 1
         r.nfe[rows] += 1

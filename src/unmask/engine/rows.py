@@ -21,13 +21,16 @@ import torch
 from unmask.sampler.schedule import even_split
 
 
-def per_row(dtype=torch.long, cols: bool = False, fill=0, lazy: bool = False, layers: bool = False):
+def per_row(dtype=torch.long, cols: bool = False, fill=0, lazy: bool = False, layers: bool = False,
+            slots: bool = False):
     """A per-row field: (n,), or with `cols` (n, cap + 1) padded with `fill` ("pad": the pad id), or a tensor whose
     first dimension is the row (any trailing shape, set by the kind when it starts empty).
     `lazy`: None until the kind allocates it for every row; `layers`: a list of per-layer
-    (n, H, cap + 1, D) tensors, lazy as well."""
+    (n, H, cap + 1, D) tensors in slots (see above), lazy as well; `slots`: one large lazy tensor
+    kept in slots the same way (allocated by `allocate`)."""
     return field(default=None, metadata={"per_row": True, "dtype": dtype, "cols": cols, "fill": fill,
-                                         "lazy": lazy or layers, "layers": layers})
+                                         "lazy": lazy or layers or slots, "layers": layers,
+                                         "slots": slots or layers})
 
 
 @dataclass
@@ -64,7 +67,9 @@ class Rows:
         if cap <= self.cap:
             return
         extra = cap - self.cap
-        for name, store in self._store.items():  # a wider store (a longer canvas joined: rare)
+        for name, store in self._store.items():  # a wider K/V store (a longer canvas joined: rare)
+            if not self._meta(name)["layers"]:
+                continue
             self._store[name] = [torch.cat([u[:, :, : self.cap], u.new_zeros(*u.shape[:2], extra + 1, u.shape[3])], 2)
                                  for u in store]
         for f in self._fields():
@@ -77,10 +82,13 @@ class Rows:
         self.cap = cap
         self._views()
 
+    def _meta(self, name: str) -> dict:
+        return next(f.metadata for f in self._fields() if f.name == name)
+
     def _views(self) -> None:
-        """Each layers field: the first n slots of its store."""
+        """Each slot field: the first n slots of its store (a list per layer for K/V)."""
         for name, store in self._store.items():
-            setattr(self, name, [u[: self.n] for u in store])
+            setattr(self, name, [u[: self.n] for u in store] if self._meta(name)["layers"] else store[0][: self.n])
 
     @torch.inference_mode()
     def append(self, reqs: list, values: dict) -> None:
@@ -102,7 +110,7 @@ class Rows:
             self.state[name] = torch.cat([cur, torch.as_tensor(value, dtype=torch.long).to(self.device).reshape(k)])
         for f in self._fields():
             cur = getattr(self, f.name)
-            if cur is None or f.metadata["layers"]:
+            if cur is None or f.metadata["slots"]:
                 continue
             value = values.get(f.name)
             if value is None:
@@ -136,7 +144,7 @@ class Rows:
         self.state = {name: t[index] for name, t in self.state.items()}
         for f in self._fields():
             t = getattr(self, f.name)
-            if t is None or f.metadata["layers"]:
+            if t is None or f.metadata["slots"]:
                 if m == 0 and f.metadata["lazy"]:
                     setattr(self, f.name, None)
                 continue
@@ -152,6 +160,13 @@ class Rows:
     def drop(self, req) -> list[int]:
         """Remove one request's row."""
         return self.remove([self.reqs.index(req)])
+
+    def allocate(self, name: str, tail: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """The slot field `name` ((n, *tail) view of its store), allocated now as zeros if it is not."""
+        if name not in self._store:
+            self._store[name] = [torch.zeros((self.n, *tail), dtype=dtype, device=self.device)]
+            self._views()
+        return getattr(self, name)
 
     def layer_buffers(self, name: str, num_layers: int, like: torch.Tensor) -> list:
         """The per-layer field `name` (K/V rows: (n, H, cap + 1, D) views of its slot store),
