@@ -47,26 +47,35 @@ def advance(rows: RowState, work: StepWork) -> Report:
     final = torch.where(done, r.L, r.s) - r.P  # a revising row's tokens are final before its open block
     prefix = torch.where(revising, torch.minimum(prefix, final), prefix)
     stuck = run & block_open & (committed == 0) & (remasked == 0)
+    r.start_blocks(nxt)
+    # the tokens the committed prefix can have grown by lie in the block that was open: [s, s + W)
+    W = w.W
+    block = r.x.gather(1, (s[:, None] + torch.arange(W, device=r.device)[None, :]).clamp(max=r.cap))
     info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), w.seal.long(), w.redo.long(),
-                        edits, remasked, nxt.long()], 1)
-    counts = w.counts()
-    flat = torch.cat([info.flatten(), counts.flatten()]).tolist()  # the step's one read of its report
-    info = [flat[i * 10 : i * 10 + 10] for i in range(r.n)]
-    rest = flat[r.n * 10 :]
-    if any(row[9] for row in info):
-        r.start_blocks(nxt.nonzero().squeeze(-1))
+                        edits, remasked, s - r.P], 1)
+    width = 10 + W
+    flat = torch.cat([torch.cat([info, block], 1).flatten(), w.counts().flatten()]).tolist()  # the step's one read
+    info = [flat[i * width : (i + 1) * width] for i in range(r.n)]
+    rest = flat[r.n * width :]
     report = Report(records=w.finish_records([rest[i : i + 3] for i in range(0, len(rest), 3)]))
-    grew = [i for i, (ran, _, pre, *_) in enumerate(info) if ran and (pre > r.reqs[i].committed or r.reqs[i].watch)]
-    gone = [i for i, row in enumerate(info) if row[3]]
-    show = sorted(set(grew) | set(gone))
-    rows_x = dict(zip(show, r.x[show].tolist())) if show else {}  # one transfer for every row that grew or ended
-    for i, (req, (ran, n, pre, fin, bad, ckv, again, ed, rm, _)) in enumerate(zip(r.reqs, info)):
+    # whole rows only for those that finished or are watched (the playground), or, never expected,
+    # a prefix that grew outside the open block
+    show = [i for i, row in enumerate(info) if row[3] or r.reqs[i].watch
+            or (row[0] and row[2] > r.reqs[i].committed and (r.reqs[i].committed < row[9] or row[2] > row[9] + W))]
+    rows_x = dict(zip(show, r.x[show].tolist())) if show else {}
+    for i, (req, row_info) in enumerate(zip(r.reqs, info)):
+        ran, n, pre, fin, bad, ckv, again, ed, rm, start = row_info[:10]
         if bad:
             raise RuntimeError(f"request {req.id}: a step committed nothing while its block is open (policy bug)")
         if not ran:
             continue
         row, P = rows_x.get(i), len(req.prompt)
-        new_ids = row[P + req.committed : P + pre] if row is not None and pre > req.committed else []
+        if pre <= req.committed:
+            new_ids = []
+        elif row is not None:
+            new_ids = row[P + req.committed : P + pre]
+        else:  # from the open block's tokens (answer positions start .. start + W)
+            new_ids = row_info[10 + req.committed - start : 10 + pre - start]
         # a doubted cached step ran twice: its window, then its recomputation
         report.row(i, pre, new_ids, 1 + again, [0, n] if again else [n], bool(fin),
                    MaskedStats(ckv, ed, rm))

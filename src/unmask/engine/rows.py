@@ -240,7 +240,15 @@ class RowState(Rows):
 
     def start_blocks(self, rows: torch.Tensor) -> None:
         """LLaDA's even schedule for rows entering a new (all-masked) block (sampler.schedule);
-        rows of a block model take as many steps as their tokens per step need."""
+        rows of a block model take as many steps as their tokens per step need. `rows`: indices,
+        or an (n,) bool (tensor code over every row: no read-back to find them)."""
+        if rows.dtype == torch.bool:
+            blk, tps = self.e - self.s, self.tps
+            spb = torch.where(tps > 0, (blk + tps - 1) // tps.clamp(min=1), self.spb)
+            self.spb = torch.where(rows, spb, self.spb)
+            split = even_split(blk, spb.clamp(min=1), self.quota.shape[1])  # (rows not starting: unused)
+            self.quota = torch.where(rows[:, None], split, self.quota)
+            return
         blk, tps = self.e[rows] - self.s[rows], self.tps[rows]
         spb = torch.where(tps > 0, (blk + tps - 1) // tps.clamp(min=1), self.spb[rows])
         self.spb[rows] = spb
