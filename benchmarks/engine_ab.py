@@ -193,7 +193,9 @@ def main() -> None:
             table[key] = {"metric": "requests/s; ttft s (best)", **best}
     import platform
     import torch
-    result = {"setup": {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor() or platform.machine()) if Path("/proc/cpuinfo").exists() else platform.machine()
+    result = {"setup": {"machine": cpu, "cpus": os.cpu_count(),
                         "torch": torch.__version__, "threads": int(os.environ.get("AB_THREADS", "2")),
                         "repeats": a.repeats, "best_of": "min ms (max throughput)", "before": a.before,
                         "after": a.after, "timing": "every forward and the loop, not loading or tokenisation"},

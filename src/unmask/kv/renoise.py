@@ -29,6 +29,9 @@ class RenoiseKV:
         self.held = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
         self.valid = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
         self._write = None  # while writing: per kind (mask, order, width, pos, held, valid)
+        # while the held slots do not change (between encoder passes, not training): per layer the
+        # denoiser's (keys, values, mask) buffers, held K/V then the canvas's, rewritten in place
+        self._den: dict[int, tuple] = {}
 
     @property
     def batch(self) -> int:
@@ -48,14 +51,22 @@ class RenoiseKV:
     def denoiser_keys(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The canvas's K/V (B, H, L, D) -> (keys, values, mask or None): the held slots and the
         canvas, bidirectionally (padding masked)."""
-        valid = self.valid[self.sliding[layer]]
         if self.k[layer] is None:
             return k, v, None
+        held = self.k[layer].shape[2]
+        buf = self._den.get(layer)
+        if buf is not None and buf[0].shape == (k.shape[0], k.shape[1], held + k.shape[2], k.shape[3]):
+            keys, vals, mask = buf  # the held part is as the last step left it: only the canvas is new
+            keys[:, :, held:], vals[:, :, held:] = k, v
+            return keys, vals, mask
         keys, vals = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
-        if bool(valid.all()):
-            return keys, vals, None
-        mask = torch.cat([valid, valid.new_ones(valid.shape[0], k.shape[2])], 1)
-        return keys, vals, mask[:, None, None, :]
+        valid = self.valid[self.sliding[layer]]
+        mask = None
+        if not bool(valid.all()):
+            mask = torch.cat([valid, valid.new_ones(valid.shape[0], k.shape[2])], 1)[:, None, None, :]
+        if not torch.is_grad_enabled():  # (training differentiates through the keys: no reuse)
+            self._den[layer] = (keys, vals, mask)
+        return keys, vals, mask
 
     # --- the caller's side -----------------------------------------------------------------------
     @contextmanager
@@ -89,6 +100,7 @@ class RenoiseKV:
             for s in self.kinds:
                 _, _, _, self.pos[s], self.held[s], self.valid[s] = self._write[s]
             self._write = None
+            self._den.clear()
 
     def select(self, rows: torch.Tensor) -> "RenoiseKV":
         """A cache of the given rows (a copy of their tensors)."""
@@ -101,6 +113,7 @@ class RenoiseKV:
 
     def put(self, rows: torch.Tensor, sub: "RenoiseKV") -> None:
         """Write `sub`'s rows back at `rows` (widths grow to fit; trailing unheld columns trimmed)."""
+        self._den.clear()
         for s in self.kinds:
             self.pos[s], sub_pos = _fit(self.pos[s], sub.pos[s], 0)
             self.held[s], sub_held = _fit(self.held[s], sub.held[s], False)
@@ -120,6 +133,7 @@ class RenoiseKV:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only these rows stay (a finished request's row leaves)."""
+        self._den.clear()
         self.k = [None if t is None else t[rows] for t in self.k]
         self.v = [None if t is None else t[rows] for t in self.v]
         for s in self.kinds:
@@ -128,6 +142,7 @@ class RenoiseKV:
 
     def add_rows(self, n: int) -> None:
         """n empty rows at the end (requests joining)."""
+        self._den.clear()
         for s in self.kinds:
             self.pos[s] = torch.cat([self.pos[s], self.pos[s].new_zeros(n, self.pos[s].shape[1])])
             self.held[s] = torch.cat([self.held[s], self.held[s].new_zeros(n, self.held[s].shape[1])])
