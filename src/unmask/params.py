@@ -179,8 +179,9 @@ CACHE_KNOBS = tuple(dict.fromkeys(k for c in CACHES.values() for k in c.knobs))
 _CACHE_OF = {k: n for n, c in CACHES.items() for k in c.knobs
              if sum(k in other.knobs for other in CACHES.values()) == 1}
 # the renoising sampler's settings (DiffusionGemma), besides gamma, its entropy bound
-RENOISE_KNOBS = ("t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
 RENOISE_COMPAT = "diffusion-gemma"  # the reference loop a renoising model decodes with
+# (its settings are declared once, by its mode: those a checkpoint gives, gamma aside, shared with the entropy policy)
+RENOISE_KNOBS = tuple(k for k in get_mode(RENOISE_COMPAT).model_keys if k != "gamma")
 # what differs between requests without changing how their rows are proposed and committed
 _PER_REQUEST = ("gen_length", "steps", "seed")
 
