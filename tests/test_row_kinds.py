@@ -46,6 +46,7 @@ class CountKind:
 
     name = "count-up-test"
     Stats = CountStats
+    diagnoses, observer = False, None
     chunk = 3
 
     def __init__(self, ctx: KindContext) -> None:

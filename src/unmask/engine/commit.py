@@ -50,7 +50,7 @@ class Committer:
         edit = remask = None
         doubt = torch.zeros(idx.numel(), dtype=torch.bool, device=r.device)
         cfgs = r.cfg[idx]
-        distinct = sorted(set(r.settings))
+        distinct = r.distinct
         for cfg in distinct:
             if len(distinct) == 1:  # one setting (the usual case): every row, no index to compute
                 sel = torch.arange(idx.numel(), device=r.device)

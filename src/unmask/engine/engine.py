@@ -150,12 +150,12 @@ class Engine:
 
     @property
     def observer(self):
-        return getattr(self.kind, "observer", None)
+        return self.kind.observer
 
     @observer.setter
     def observer(self, obs) -> None:
         """Commit-time diagnostics (engine/diagnostics.py), for a kind that has them (masked rows)."""
-        if not hasattr(self.kind, "observer"):
+        if obs is not None and not self.kind.diagnoses:
             raise UnmaskError(f"the {self.kind.name} row kind has no commit-time diagnostics")
         self.kind.observer = obs
 

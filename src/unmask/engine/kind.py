@@ -84,6 +84,8 @@ class RowKind(Protocol):
 
     name: ClassVar[str]
     Stats: ClassVar[type[Stats]]  # the kind's per-request counters
+    diagnoses: ClassVar[bool]  # does it feed a commit-time observer (engine/diagnostics.py)?
+    observer: object  # that observer, or None
     rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, row by row), `n`, `seq`
 
     def prepare(self, params) -> object:

@@ -40,6 +40,7 @@ from unmask.params import setting_key
 class MaskedKind:
     name = "masked"
     Stats = MaskedStats
+    diagnoses = True
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens
@@ -86,7 +87,7 @@ class MaskedKind:
 
     def _forget_settings(self) -> None:
         """Settings no running row uses are dropped, so a long-running server's tables stay small."""
-        live = set(self.rows.settings)
+        live = set(self.rows.distinct)
         for key, sid in list(self.settings.items()):
             if sid not in live:
                 del self.settings[key], self.parts[sid]
@@ -95,7 +96,7 @@ class MaskedKind:
     def cost(self) -> Cost:
         r = self.rows
         # (setting's cache policy, its rows as an (n,) bool) for each setting that runs, once a step
-        self._groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in sorted(set(r.settings))]
+        self._groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in r.distinct]
         self._plan = self._merge([(rows, cache.plan(r, self.shift, self.align)) for cache, rows in self._groups])
         return Cost(self._plan.cost, r.seq, self._plan.full)
 

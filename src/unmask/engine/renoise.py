@@ -35,6 +35,7 @@ from unmask.kv.renoise import RenoiseKV
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.rows import Rows, per_row
 from unmask.sampler.renoise import accept_mask, categorical_entropy
+from unmask.sampler.stops import first_stop_index
 from unmask.trace import ForwardRecord
 
 
@@ -88,6 +89,7 @@ class RenoiseRows(Rows):
 class RenoiseKind:
     name = "renoise"
     Stats = RenoiseStats
+    diagnoses, observer = False, None
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws
@@ -232,7 +234,7 @@ class RenoiseKind:
         r = self.rows
         for i in ended.nonzero().squeeze(-1).tolist():
             req, ids = r.reqs[i], r.argmax[i].tolist()
-            cut = next((j for j, t in enumerate(ids) if t in self.stop), None)
+            cut = first_stop_index(ids, self.stop)
             before = len(_text(r.answers[i], self.stop))
             n = int(r.nfe[i])
             kept = len(ids) if cut is None else cut + 1
@@ -260,5 +262,5 @@ class RenoiseKind:
 
 def _text(answer: list[int], stop: set) -> list[int]:
     """The committed answer: up to (not including) the first end-of-text id."""
-    cut = next((j for j, t in enumerate(answer) if t in stop), None)
+    cut = first_stop_index(answer, stop)
     return answer if cut is None else answer[:cut]

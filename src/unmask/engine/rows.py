@@ -203,6 +203,7 @@ class RowState(Rows):
     k: list | None = per_row(layers=True)  # per layer (n, H_kv, cap + 1, D): the rows' K/V
     v: list | None = per_row(layers=True)
     settings: list = field(default_factory=list)  # each row's setting id (no read-back to find them)
+    distinct: list = field(default_factory=list)  # the setting ids in use, sorted (kept on add / remove)
     mask_id: int = 0
     stop_ids: torch.Tensor | None = None  # (k,) end-of-text ids
 
@@ -236,6 +237,8 @@ class RowState(Rows):
             cfg=cfg_id, early=req.parts.early_stop,
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
+        if cfg_id not in self.distinct:
+            self.distinct = sorted(self.distinct + [cfg_id])
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))
 
     def start_blocks(self, rows: torch.Tensor) -> None:
@@ -257,4 +260,5 @@ class RowState(Rows):
     def remove(self, gone: list[int]) -> list[int]:
         perm = super().remove(gone)
         self.settings = [self.settings[i] for i in perm]
+        self.distinct = sorted(set(self.settings))
         return perm

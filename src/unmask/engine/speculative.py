@@ -86,6 +86,7 @@ class SpecRows(Rows):
 class SpecKind:
     name = "speculative"
     Stats = SpecStats
+    diagnoses, observer = False, None
 
     def __init__(self, ctx: KindContext) -> None:
         if ctx.drafter is None:
@@ -101,6 +102,7 @@ class SpecKind:
         self.rows = SpecRows(self.device, self.tokens.pad if self.tokens.pad is not None else self.tokens.eos,
                              num_layers=self.model.config.num_layers, draft_layers=c.num_layers)
         self.sampling = 0  # running rows with a temperature
+        self.watching = 0  # watched rows (the playground: their whole answer each step)
 
     def prepare(self, params) -> None:
         return None
@@ -117,9 +119,11 @@ class SpecKind:
                         "new": True, "early": [q.params.early_stop for q in reqs],
                         "temp": [float(q.params.temperature) for q in reqs], "pc": lens})
         self.sampling += sum(q.params.temperature > 0 for q in reqs)
+        self.watching += sum(q.watch for q in reqs)
 
     def remove(self, gone: list[int]) -> None:
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
+        self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         self.rows.remove(gone)
 
     # --- one step --------------------------------------------------------------------------------
@@ -247,12 +251,13 @@ class SpecKind:
         finished = is_stop.any(1) | (kept >= room)
         host = torch.cat([toks, torch.stack([kept, finished.long(), fresh[idx].long(), rounds[idx], gained[idx],
                                              o - r.P[idx]], 1)], 1).tolist()
-        done = [i for i, row in zip(idx.tolist(), host) if row[W + 1]]
-        watched = [i for i in idx.tolist() if r.reqs[i].watch]
+        rows = idx.tolist()
+        done = [i for i, row in zip(rows, host) if row[W + 1]]
+        watched = [i for i in rows if r.reqs[i].watch] if self.watching else []
         shown = sorted(set(done) | set(watched))
         answers = dict(zip(shown, r.x[shown].tolist())) if shown else {}
         total = 0
-        for i, row in zip(idx.tolist(), host):
+        for i, row in zip(rows, host):
             kp, fin, fr, rd, g, before = row[W:]
             new_ids = row[:kp]
             total += kp
