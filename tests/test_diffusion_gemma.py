@@ -236,11 +236,19 @@ def test_engine_abort_frees_the_row(dg, alone):
             enumerate(ENGINE_REQUESTS)]
     for _ in range(3):
         engine.step()
+    kv = engine.kind.kv
+    store = kv._k[0]
     assert engine.abort("r1") and not engine.abort("r1")
+    # the encoder's K/V live in row slots: a departure moves the last row into the freed one,
+    # a join takes a free row; neither copies the store
+    assert kv._k[0] is store and kv.batch == 2
+    late = engine.add_request(ENGINE_REQUESTS[1][0], dg.default_params(**ENGINE_REQUESTS[1][1]), request_id="late")
+    engine.step()
+    assert kv._k[0] is store and kv.batch == 3
     while engine.has_unfinished():
         engine.step()
     assert reqs[1].finish_reason == "abort"
-    assert reqs[0].canvas == alone[0][0] and reqs[2].canvas == alone[2][0]
+    assert reqs[0].canvas == alone[0][0] and reqs[2].canvas == alone[2][0] and late.canvas == alone[1][0]
     assert engine.num_running == 0 and engine.kind.kv.batch == 0 and engine.rows.sc is None  # nothing held
 
 

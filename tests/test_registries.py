@@ -178,6 +178,45 @@ def test_every_field_has_help_and_a_check_or_is_free():
         assert f.metadata["help"], f.name
 
 
+def test_fields_are_declared_by_the_components_that_read_them():
+    """GenerationParams is assembled from what each component declares: every policy's, cache's,
+    proposal's and compat mode's fields are fields of the record with their declared default and
+    help; a component's knob is among them; a new component's field joins the assembly; a name
+    declared twice differently is refused."""
+    from unmask.knobs import Knob, merge
+    from unmask.params import KNOBS, MODEL_DEFAULT_KEYS, _declared
+    from unmask.sampler.proposal import ProposalConfig
+
+    assert list(KNOBS) == list(PARAM_FIELDS)
+    declared = [ProposalConfig.fields, *(c.fields for c in POLICIES.values()), *(c.fields for c in CACHES.values()),
+                *(m.fields for m in COMPAT_MODES.values())]
+    for own in declared:
+        for name, knob in own.items():
+            f = PARAM_FIELDS[name]
+            assert f.default == knob.default and f.metadata["help"] == knob.help, name
+            assert (name in MODEL_DEFAULT_KEYS) == knob.from_model, name
+    for cls in POLICIES.values():
+        assert cls.knob is None or cls.knob in KNOBS
+    for cls in CACHES.values():
+        assert cls.knobs == tuple(cls.fields)
+
+    @register
+    @dataclass
+    class Careful:
+        name = "careful"
+        fields = {"care": Knob(0.5, float, "careful policy: how careful")}
+
+    try:
+        assert _declared()["care"].help == "careful policy: how careful"
+        Careful.fields = {"threshold": Knob(0.5, float, "another threshold")}
+        with pytest.raises(TypeError, match="'threshold' is declared twice"):
+            _declared()
+    finally:
+        del POLICIES["careful"]
+    with pytest.raises(TypeError, match="declared twice"):
+        merge({"a": Knob(1, int, "a")}, {"a": Knob(1, int, "a")}, "x")
+
+
 def test_a_new_cache_is_one_registered_class(llada):
     """A cache policy the engine has never heard of: one class with its plan, registered. It is a
     valid parameter value, a CLI choice and a bench entry, the engine runs it (full forward every
@@ -185,6 +224,7 @@ def test_a_new_cache_is_one_registered_class(llada):
     step; removed, it is gone everywhere."""
     from unmask.cache import CachePolicy, Plan
     from unmask.cache import register as register_cache
+    from unmask.cache.base import REFRESH_INTERVAL
 
     @register_cache
     @dataclass(frozen=True)
@@ -196,7 +236,7 @@ def test_a_new_cache_is_one_registered_class(llada):
         def from_params(cls, p):
             return cls(p.refresh_interval or 2)
 
-        knobs = ("refresh_interval",)
+        fields = {"refresh_interval": REFRESH_INTERVAL}
 
         def plan(self, rows, shift, align):
             return Plan.window(rows, rows.s - shift, rows.e, full=rows.age % self.period == 0)

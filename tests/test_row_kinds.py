@@ -195,16 +195,8 @@ def test_kv_rows_live_in_slots_joins_and_leaves_copy_no_cache(model):
     assert engine.rows.k is None and not engine.rows._store  # freed with the last row
 
 
-def test_a_masked_step_reads_back_twice(model, monkeypatch):
-    """The host reads of a steady cached step (every row in one window forward), counted over
-    every read-back a tensor offers: the step's shape (the sizes of its forwards), and one read of
-    its report (each row's counts and its open block's tokens, each forward's counts)."""
-    p = GenerationParams(gen_length=32, steps=32, block_length=16, cache="dual", policy="fixed")
-    engine = Engine(model, TOKENS)
-    reqs = [engine.add_request(q, p) for q in ([1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12])]
-    streamed = {q.id: [] for q in reqs}
-    for o in engine.step():  # admission and the first (full) forward
-        streamed[o.request.id] += o.new_ids
+def _count_reads(monkeypatch, engine) -> tuple[list, list]:
+    """One engine step with every read-back a tensor offers counted."""
     reads = []
     for name in ("tolist", "item", "__bool__", "__int__", "__float__", "nonzero"):
         real = getattr(torch.Tensor, name)
@@ -214,10 +206,34 @@ def test_a_masked_step_reads_back_twice(model, monkeypatch):
             return _real(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counting)
-    outs = engine.step()
-    monkeypatch.undo()
-    assert engine.trace[-1].kind == "window" and engine.trace[-1].rows == 4
+    try:
+        outs = engine.step()
+    finally:
+        monkeypatch.undo()
+    return reads, outs
+
+
+def test_a_steady_masked_step_reads_back_once(model, monkeypatch):
+    """The host reads of a steady cached step (every row in one window forward), counted over
+    every read-back a tensor offers: one, the step's report (each row's counts and its open
+    block's tokens, each forward's counts) with the next step's plan sizes. A step after a join
+    reads its new plan's sizes first."""
+    p = GenerationParams(gen_length=32, steps=32, block_length=16, cache="dual", policy="fixed")
+    engine = Engine(model, TOKENS)
+    reqs = [engine.add_request(q, p) for q in ([1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12])]
+    streamed = {q.id: [] for q in reqs}
+    reads, outs = _count_reads(monkeypatch, engine)  # admission and the first (full) forward
     assert reads == ["tolist", "tolist"], reads
+    for o in outs:
+        streamed[o.request.id] += o.new_ids
+    reads, outs = _count_reads(monkeypatch, engine)
+    assert engine.trace[-1].kind == "window" and engine.trace[-1].rows == 4
+    assert reads == ["tolist"], reads
+    late = engine.add_request([1, 2], p)
+    reads, more = _count_reads(monkeypatch, engine)  # a join: its plan is read before it runs
+    assert reads.count("tolist") == 2, reads  # (and each of the two forwards finds its rows)
+    outs = [o for o in outs + more if o.request is not late]
+    engine.abort(late.id)
     while outs:  # the ids streamed from the report's block tokens are the canvas, in order
         for o in outs:
             streamed[o.request.id] += o.new_ids

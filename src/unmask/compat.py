@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 
 from unmask.errors import UnmaskError
+from unmask.knobs import NON_NEGATIVE, POSITIVE, Knob, choices, interval, non_negative_int, positive_int
 from unmask.registry import Registry
 from unmask.sampler.policy import CommitPolicy, FactorPolicy, FixedPolicy, make_policy
 from unmask.sampler.proposal import ProposalConfig
@@ -60,6 +61,7 @@ class CompatMode:
     loop: ClassVar[str] = "lockstep"  # lockstep (LLaDA, Fast-dLLM v1, Dream), fast-dllm-v2 or llada2
     tiles: ClassVar[bool] = True  # gen_length must be a multiple of block_length, steps of the blocks
     model_keys: ClassVar[tuple[str, ...]] = ()  # its settings a checkpoint's generation_config.json may give
+    fields: ClassVar[dict[str, Knob]] = {}  # generation parameters only this reference reads
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -170,7 +172,20 @@ class DiffusionGemmaMode(CompatMode):
     equal_length_prompts = False  # left-padded, with the padding masked as the reference masks it
     loop = "diffusion-gemma"
     tiles = False  # whole canvases of the model's canvas_length
-    model_keys = ("gamma", "t_max", "t_min", "max_denoising_steps", "stability_threshold", "confidence_threshold")
+    fields: ClassVar[dict] = {
+        "t_max": Knob(None, float, "compat diffusion-gemma: the temperature of a canvas's first denoising step "
+                      "(default 0.8); it falls linearly towards t_min", POSITIVE, from_model=True),
+        "t_min": Knob(None, float, "compat diffusion-gemma: the temperature the schedule falls to (default 0.4)",
+                      NON_NEGATIVE, from_model=True),
+        "max_denoising_steps": Knob(None, int, "compat diffusion-gemma: denoising steps per canvas at most "
+                                    "(default 48)", positive_int, from_model=True),
+        "stability_threshold": Knob(None, int, "compat diffusion-gemma: a canvas stops once its argmax stayed the "
+                                    "same for this many steps (default 1) and it is confident", non_negative_int,
+                                    from_model=True),
+        "confidence_threshold": Knob(None, float, "compat diffusion-gemma: ... confident: the mean entropy of its "
+                                     "positions is below this (default 0.005)", POSITIVE, from_model=True),
+    }
+    model_keys = ("gamma", *fields)  # gamma: its entropy bound, the entropy policy's knob
     DEFAULTS: ClassVar[dict] = {"t_max": 0.8, "t_min": 0.4, "max_denoising_steps": 48, "stability_threshold": 1,
                                 "confidence_threshold": 0.005, "gen_length": 256}  # _get_default_generation_params
 
@@ -269,6 +284,10 @@ class Dream(CompatMode):
     top_k_top_p = True
     equal_length_prompts = False
     rules = replace(CompatMode.rules, run_all_steps=True)
+    fields: ClassVar[dict] = {
+        "alg": Knob(None, str, "Dream algorithm, with compat dream", choices(tuple(DREAM_ALGS))),
+        "eps": Knob(1e-3, float, "Dream's timestep floor, with compat dream", interval(0, 1, hi_open=True)),
+    }
 
     def resolve(self, p):
         return replace(p, block_length=p.gen_length, alg=p.alg or "origin")

@@ -1,114 +1,63 @@
-"""Per-request generation parameters: the one definition of every decoding knob.
+"""Per-request generation parameters: the one flat record of every decoding knob, assembled from
+the components that read them.
 
-Each field carries its help text and its range; the CLI flags, the lm-eval model arguments and
-the benchmark grid are generated from these fields, and the policy / cache / compat names come
-from their registries (unmask.sampler.policy, unmask.cache, unmask.compat). `check()`
-rejects bad values with an UnmaskError that names the parameter, the value and what is allowed.
+Each component declares its own fields where it is defined (unmask.knobs.Knob: default, type,
+help, range, whether a checkpoint may set it): a commit policy in its class's `fields`, a cache
+policy in its class's, the proposal in ProposalConfig's, a compat mode in its own; the fields
+below are the engine's (canvas shape, which components, seed, early stop). `GenerationParams` is
+built from them, and from it the CLI flags, the lm-eval model arguments, the server's extra
+fields, the benchmark grid and the setting key. `check()` rejects bad values with an
+UnmaskError that names the parameter, the value and what is allowed.
 
 Where values come from (`resolve_params`): what the caller gave, then the model's
 generation_config.json, then unmask's fast defaults (FAST), then the fields' own defaults. The
 fields' own defaults are the reference setting: one token per step, no cache.
 """
 
-import math
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields, make_dataclass
 
 from unmask.cache import CACHES
-from unmask.compat import COMPAT_MODES, DREAM_ALGS, get_mode
+from unmask.compat import COMPAT_MODES, get_mode
 from unmask.errors import UnmaskError
+from unmask.knobs import Knob, choices, merge, positive_int
 from unmask.sampler.policy import POLICIES
-from unmask.sampler.proposal import CONFIDENCES
+from unmask.sampler.proposal import ProposalConfig
 
-REMASKING = ("low_confidence", "random")
-CONFIDENCE_NAMES = tuple(c for c in CONFIDENCES if c != "random")  # "random" is what remasking=random uses
-
-
-# A check takes (name, value) and returns None or the whole message, naming both.
-def _positive_int(name: str, v) -> str | None:
-    ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
-    return None if ok else f"{name} {v!r} must be a positive integer"
+SHAPE = ("gen_length", "block_length", "steps")
 
 
-def _non_negative_int(name: str, v) -> str | None:
-    ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    return None if ok else f"{name} {v!r} must be a non-negative integer"
+def _declared() -> dict[str, Knob]:
+    """Every component's fields, in the order the CLI lists them: the canvas shape, the commit
+    policy and its components' knobs, the proposal, the cache and its knobs, compat and its."""
+    out = {
+        "gen_length": Knob(128, int, "tokens to generate (the canvas length)", positive_int, from_model=True),
+        "block_length": Knob(32, int, "denoising block length; gen_length must be a multiple", positive_int,
+                             from_model=True),
+        "steps": Knob(None, int, "fixed policy: total steps over all blocks (default: gen_length)", positive_int,
+                      from_model=True),
+        "policy": Knob("fixed", str, "commit policy", choices(POLICIES), from_model=True),
+    }
+    for name, cls in POLICIES.items():
+        merge(out, cls.fields, f"policy {name}")
+    merge(out, ProposalConfig.fields, "the proposal")
+    out["seed"] = Knob(None, int, "random seed of a sampled or random-order decode")
+    out["cache"] = Knob("none", str, "KV cache policy", choices(CACHES), from_model=True)
+    for name, cls in CACHES.items():
+        merge(out, cls.fields, f"cache {name}")
+    out["compat"] = Knob(None, str, "reproduce a reference sampler token for token", choices(COMPAT_MODES))
+    for name, mode in COMPAT_MODES.items():
+        merge(out, mode.fields, f"compat {name}")
+    out["early_stop"] = Knob(True, bool, "stop a row once its end of text is committed")
+    return out
 
 
-def _interval(lo: float, hi: float, lo_open: bool = True, hi_open: bool = False):
-    def check(name: str, v) -> str | None:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-        return None if ok else f"{name} {v!r} is outside {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    return check
+KNOBS = _declared()
 
 
-def _choices(names):
-    def check(name: str, v) -> str | None:
-        return None if v in names else f"unknown {name} {v!r}; choose one of {', '.join(names)}"
-    check.choices = names
-    return check
-
-
-def _param(default, help: str, check=None):
-    return field(default=default, metadata={"help": help, "check": check})
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    gen_length: int = _param(128, "tokens to generate (the canvas length)", _positive_int)
-    block_length: int = _param(32, "denoising block length; gen_length must be a multiple", _positive_int)
-    steps: int | None = _param(None, "fixed policy: total steps over all blocks (default: gen_length)", _positive_int)
-    policy: str = _param("fixed", "commit policy", _choices(POLICIES))
-    remasking: str = _param("low_confidence", "fixed policy's order: most confident first, or random",
-                            _choices(REMASKING))
-    confidence: str = _param("prob", "score that policies rank candidates by", _choices(CONFIDENCE_NAMES))
-    threshold: float = _param(0.9, "threshold policy: commit every candidate with confidence >= this",
-                              _interval(0, 1))
-    factor: float = _param(1.0, "factor policy: f", _interval(0, math.inf, hi_open=True))
-    gamma: float = _param(0.1, "entropy policy and compat diffusion-gemma: entropy bound (accept the lowest-entropy "
-                          "positions while the sum of their entropies minus the largest is at most this)", _interval(0, math.inf, lo_open=False, hi_open=True))
-    budget: float = _param(1.0, "budget policy: error budget f", _interval(0, math.inf, hi_open=True))
-    cache: str = _param("none", "KV cache policy", _choices(CACHES))
-    refresh_interval: int | None = _param(None, "also refresh the cache every N steps inside a block", _positive_int)
-    refresh_tokens: int | None = _param(None, "adaptive cache: refresh once N tokens were committed since the cached "
-                                        "K/V were computed", _positive_int)
-    refresh_below: float | None = _param(None, "adaptive cache: a cached step that would commit a token with "
-                                         "probability below this is recomputed (default 0.9)", _interval(0, 1))
-    refresh_scope: str | None = _param(None, "adaptive cache: what a triggered refresh recomputes: suffix (the block "
-                                       "and the masked suffix, default) or canvas (a full forward)",
-                                       _choices(("suffix", "canvas")))
-    temperature: float = _param(0.0, "sampling temperature (0: greedy)",
-                                _interval(0, math.inf, lo_open=False, hi_open=True))
-    top_k: int | None = _param(None, "sample among the k most likely tokens", _positive_int)
-    top_p: float | None = _param(None, "sample from the smallest set with probability >= p", _interval(0, 1))
-    seed: int | None = _param(None, "random seed of a sampled or random-order decode", None)
-    edit_threshold: float | None = _param(None, "edit policy (and compat llada2): replace a committed token of the "
-                                          "open block by the model's argmax when that differs with probability "
-                                          "above this (token-to-token editing)", _interval(0, 1))
-    max_post_steps: int = _param(16, "edit policy: editing steps a block may take after its last mask is committed",
-                                 _non_negative_int)
-    remask_eta: float | None = _param(None, "remdm policy: ReMDM's eta, the remasking probability bound (default 0.05)",
-                                      _interval(0, 1))
-    remask_strategy: str | None = _param(None, "remdm policy: how sigma is set: cap (default), rescale or conf",
-                                         _choices(("cap", "rescale", "conf")))
-    compat: str | None = _param(None, "reproduce a reference sampler token for token", _choices(COMPAT_MODES))
-    alg: str | None = _param(None, "Dream algorithm, with compat dream", _choices(DREAM_ALGS))
-    eps: float = _param(1e-3, "Dream's timestep floor, with compat dream", _interval(0, 1, hi_open=True))
-    early_stop: bool = _param(True, "stop a row once its end of text is committed", None)
-    t_max: float | None = _param(None, "compat diffusion-gemma: the temperature of a canvas's first denoising step "
-                                 "(default 0.8); it falls linearly towards t_min", _interval(0, math.inf, hi_open=True))
-    t_min: float | None = _param(None, "compat diffusion-gemma: the temperature the schedule falls to (default 0.4)",
-                                 _interval(0, math.inf, lo_open=False, hi_open=True))
-    max_denoising_steps: int | None = _param(None, "compat diffusion-gemma: denoising steps per canvas at most "
-                                             "(default 48)", _positive_int)
-    stability_threshold: int | None = _param(None, "compat diffusion-gemma: a canvas stops once its argmax stayed the "
-                                             "same for this many steps (default 1) and it is confident",
-                                             _non_negative_int)
-    confidence_threshold: float | None = _param(None, "compat diffusion-gemma: ... confident: the mean entropy of its "
-                                                "positions is below this (default 0.005)",
-                                                _interval(0, math.inf, hi_open=True))
+class _Rules:
+    """What GenerationParams does besides holding its fields (they are generated from KNOBS)."""
 
     def __post_init__(self) -> None:
         check_fields(self.__dict__)  # every value's type and range, as soon as it is built
@@ -172,16 +121,24 @@ class GenerationParams:
         return p
 
 
+GenerationParams = make_dataclass(
+    "GenerationParams",
+    [(name, k.type if k.default is not None else k.type | None,
+      field(default=k.default, metadata={"help": k.help, "check": k.check})) for name, k in KNOBS.items()],
+    bases=(_Rules,), frozen=True)
+GenerationParams.__module__ = __name__  # pickled (Ray) and named as unmask.params.GenerationParams
+GenerationParams.__doc__ = "Per-request generation parameters (fields: unmask.params.KNOBS)."
+
 PARAM_FIELDS = {f.name: f for f in fields(GenerationParams)}
-# the fields some cache policy reads (each cache names its own in `knobs`)
+# the fields some cache policy reads (each cache declares its own in `fields`)
 CACHE_KNOBS = tuple(dict.fromkeys(k for c in CACHES.values() for k in c.knobs))
 # a knob that one cache alone reads names that cache, as a policy's knob names the policy
 _CACHE_OF = {k: n for n, c in CACHES.items() for k in c.knobs
              if sum(k in other.knobs for other in CACHES.values()) == 1}
-# the renoising sampler's settings (DiffusionGemma), besides gamma, its entropy bound
+# the renoising sampler's settings (DiffusionGemma), declared by its mode, besides gamma, its entropy
+# bound (the entropy policy's knob)
 RENOISE_COMPAT = "diffusion-gemma"  # the reference loop a renoising model decodes with
-# (its settings are declared once, by its mode: those a checkpoint gives, gamma aside, shared with the entropy policy)
-RENOISE_KNOBS = tuple(k for k in get_mode(RENOISE_COMPAT).model_keys if k != "gamma")
+RENOISE_KNOBS = tuple(get_mode(RENOISE_COMPAT).fields)
 # what differs between requests without changing how their rows are proposed and committed
 _PER_REQUEST = ("gen_length", "steps", "seed")
 
@@ -246,10 +203,8 @@ def coerce(name: str, value, label: str | None = None):
     return value
 
 
-SHAPE = ("gen_length", "block_length", "steps")
-# what a model's generation_config.json may set besides the shape (sampling knobs are the caller's)
-MODEL_DEFAULT_KEYS = SHAPE + ("policy", "remasking", "confidence", "threshold", "factor", "gamma", "budget",
-                              "cache", *CACHE_KNOBS, *RENOISE_KNOBS)
+# what a model's generation_config.json may set (each field says; sampling knobs are the caller's)
+MODEL_DEFAULT_KEYS = tuple(name for name, k in KNOBS.items() if k.from_model)
 # unmask's setting where a checkpoint recommends nothing: Fast-dLLM's threshold 0.9 with DualCache.
 # On the embedded model it keeps the one-token-per-step accuracy with 4.7x fewer forwards (README,
 # Results); Fast-dLLM reports the same on LLaDA-8B and Dream-7B (GSM8K within a point).

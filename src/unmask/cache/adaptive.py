@@ -6,7 +6,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from unmask.cache.base import CachePolicy, Plan, refresh_due, register
+from unmask.cache.base import REFRESH_INTERVAL, CachePolicy, Plan, refresh_due, register
+from unmask.knobs import UNIT, Knob, choices, positive_int
 
 
 @register
@@ -25,7 +26,16 @@ class AdaptiveCache(CachePolicy):
 
     name: ClassVar[str] = "adaptive"
     row_state: ClassVar[dict] = {"since": lambda P, align: 0}  # tokens committed since the last full forward
-    knobs: ClassVar[tuple[str, ...]] = ("refresh_interval", "refresh_tokens", "refresh_below", "refresh_scope")
+    fields: ClassVar[dict] = {
+        "refresh_interval": REFRESH_INTERVAL,
+        "refresh_tokens": Knob(None, int, "adaptive cache: refresh once N tokens were committed since the cached "
+                               "K/V were computed", positive_int, from_model=True),
+        "refresh_below": Knob(None, float, "adaptive cache: a cached step that would commit a token with "
+                              "probability below this is recomputed (default 0.9)", UNIT, from_model=True),
+        "refresh_scope": Knob(None, str, "adaptive cache: what a triggered refresh recomputes: suffix (the block "
+                              "and the masked suffix, default) or canvas (a full forward)",
+                              choices(("suffix", "canvas")), from_model=True),
+    }
     SCOPES: ClassVar[tuple[str, ...]] = ("suffix", "canvas")
     DEFAULT_TRIGGER: ClassVar[dict] = {"refresh_below": 0.9}
     refresh_interval: int | None = None

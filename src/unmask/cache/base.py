@@ -6,7 +6,8 @@ step recomputes (`plan`: a full forward over the row's columns [0, end), or a wi
 then is recomputed (`verifies`, `doubts`, `recompute`), and keeps its own per-row counters up
 to date after the step (`after`). The engine merges the plans of the settings that run, sizes
 the forwards from them and never looks inside a policy. A new cache is one class in one file
-of this package plus `@register`; its knobs are GenerationParams fields named in `knobs`.
+of this package plus `@register`; it declares the generation parameters it reads in `fields`
+(unmask.knobs), from which GenerationParams is built.
 
 Models whose logits are shifted (Dream) need the hidden state of column s - 1 to score column
 s, so windows start `shift` columns before the open block.
@@ -17,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from unmask.knobs import Knob, positive_int
 from unmask.registry import Registry
 
 
@@ -58,13 +60,19 @@ class CachePolicy:
 
     name: ClassVar[str]
     stores_kv: ClassVar[bool] = True
-    knobs: ClassVar[tuple[str, ...]] = ()  # GenerationParams fields it reads (others are refused)
+    # the generation parameters it reads (others are refused), and their names
+    fields: ClassVar[dict[str, Knob]] = {}
+    knobs: ClassVar[tuple[str, ...]] = ()
     verifies: ClassVar[bool] = False  # `doubts` may ask to recompute a cached step
     # what the architecture must be: "full" (bidirectional over the canvas), "block" (bd_size),
     # "causal" (the AR twin); a policy suits the kinds it names
     suits: ClassVar[tuple[str, ...]] = ("full",)
     # per-row counters the policy owns: name -> initial value (P, align) -> int
     row_state: ClassVar[dict[str, Any]] = {}
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        cls.knobs = tuple(cls.fields)
 
     @classmethod
     def from_params(cls, p: Any) -> "CachePolicy":
@@ -85,6 +93,11 @@ class CachePolicy:
     def after(self, rows, ran: torch.Tensor, plan: Plan, doubted: torch.Tensor, committed: torch.Tensor,
               align: int) -> None:
         """Update the policy's per-row counters for `ran`, the rows of its setting that ran."""
+
+
+# read by every cache that refreshes on a schedule (one declaration, shared)
+REFRESH_INTERVAL = Knob(None, int, "also refresh the cache every N steps inside a block", positive_int,
+                        from_model=True)
 
 
 def refresh_due(rows, interval: int | None) -> torch.Tensor:

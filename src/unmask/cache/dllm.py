@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from unmask.cache.base import CachePolicy, Plan, register
+from unmask.cache.base import REFRESH_INTERVAL, CachePolicy, Plan, register
 
 
 @register
@@ -21,7 +21,7 @@ class DLLMCache(CachePolicy):
     changed most (its adaptive partial update); that part is not reproduced here."""
 
     name: ClassVar[str] = "dllm-cache"
-    knobs: ClassVar[tuple[str, ...]] = ("refresh_interval",)
+    fields: ClassVar[dict] = {"refresh_interval": REFRESH_INTERVAL}
     PROMPT_INTERVAL: ClassVar[int] = 16
     refresh_interval: int = 2
     prompt_interval: int = PROMPT_INTERVAL

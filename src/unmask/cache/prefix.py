@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from unmask.cache.base import CachePolicy, Plan, refresh_due, register
+from unmask.cache.base import REFRESH_INTERVAL, CachePolicy, Plan, refresh_due, register
 
 
 @register
@@ -14,7 +14,7 @@ class PrefixCache(CachePolicy):
     against the cached K/V of [0, s)."""
 
     name: ClassVar[str] = "prefix"
-    knobs: ClassVar[tuple[str, ...]] = ("refresh_interval",)
+    fields: ClassVar[dict] = {"refresh_interval": REFRESH_INTERVAL}
     refresh_interval: int | None = None
 
     @classmethod

@@ -55,6 +55,7 @@ class EngineLike(Protocol):
 
     def step(self) -> list[StepOutput]: ...
 
+    @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def abort(self, request_id: str) -> bool: ...
 
     def release(self, request_id: str) -> None: ...
@@ -105,6 +106,7 @@ class Engine:
             self.draws.seed(rid, params.seed)
         return req
 
+    @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its rows are freed. False if it is unknown or already done."""
         req = self.requests.get(request_id)

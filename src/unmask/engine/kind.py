@@ -9,7 +9,8 @@ One engine step asks the kind, in this order:
 1. `admit(reqs)`: the requests that join now become rows (appended at the end);
 2. `cost()`: what each row would compute this step, from which the engine's token budget picks
    the rows that run (oldest first; `late` rows after the others);
-3. `decode(run)`: the forwards and commits of the rows `run`, reported as a `Report`;
+3. `decode(run)`: the forwards and commits of the rows `run` ((n,) bool, or None: every row runs,
+   which the budget says without a tensor only when `cost` gave its `total`), reported as a `Report`;
 4. `remove(rows)`: finished rows (the engine found them in the report) or an aborted request's
    row leave; the kind's rows move as engine/rows.py `Rows.remove` moves them.
 The kind never builds a StepOutput or touches a Request's record: the engine does, from the
@@ -43,11 +44,14 @@ class Stats:
 class Cost:
     """(n,) positions each row computes if it runs this step, (n,) the rows' admission order
     (Rows.seq: rows are in no particular order), and (n,) bool: rows that queue behind the others
-    (a masked row's full forward, O(canvas), after the cached windows)."""
+    (a masked row's full forward, O(canvas), after the cached windows). `total`: the summed
+    positions as a host int, when the kind already read it (a masked kind reads its next step's
+    plan with the step's report); a total within the budget lets every row run without a look."""
 
     positions: torch.Tensor
     seq: torch.Tensor
     late: torch.Tensor | None = None
+    total: int | None = None
 
 
 @dataclass
@@ -95,7 +99,7 @@ class RowKind(Protocol):
 
     def cost(self) -> Cost: ...
 
-    def decode(self, run: torch.Tensor) -> Report: ...
+    def decode(self, run: torch.Tensor | None) -> Report: ...
 
     def remove(self, rows: list[int]) -> None: ...
 

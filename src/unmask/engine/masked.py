@@ -13,7 +13,10 @@ step of the rows the engine runs:
    columns) and one more window for doubted rows that recompute there (work.py);
 3. commit.py after each forward: proposals, the commit policy's choice and the schedule's quota,
    per setting;
-4. postprocess.py: blocks advance, stops are found, and the step is reported to the engine.
+4. postprocess.py: blocks advance and stops are found (`settle`); the next step's plan is made
+   from the new state (`_ahead`); one transfer reads the step's report and that plan's sizes, so
+   a step that follows a step without joins or departures reads the host once (its budget and
+   forwards sized from what was read ahead).
 
 Greedy output of a request does not depend on what else runs: padding is masked, positions are
 each row's own, and each request samples from its own generator when it has a seed.
@@ -32,7 +35,7 @@ from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
 from unmask.engine.rows import RowState
 from unmask.engine.runner import ModelRunner
-from unmask.engine.work import Forward, StepWork
+from unmask.engine.work import Forward, StepWork, shape
 from unmask.params import setting_key
 
 
@@ -63,6 +66,10 @@ class MaskedKind:
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
         self._groups: list = []
         self._plan: Plan | None = None
+        # the next step's (groups, plan) and its sizes with every row running, read with this
+        # step's report; dropped when rows join or leave (their plans change)
+        self._ahead: tuple | None = None
+        self._sizes: list[int] | None = None
 
     def prepare(self, params):
         """What a request's rows decode with (engine/parts.py), built once when it is added."""
@@ -79,11 +86,13 @@ class MaskedKind:
             width = p.block_length if self.align else max(p.steps_per_block, 1)  # the quota table
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
             self.watching += req.watch
+        self._ahead = None
 
     def remove(self, gone: list[int]) -> None:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         self.rows.remove(gone)
         self._forget_settings()
+        self._ahead = None
 
     def _forget_settings(self) -> None:
         """Settings no running row uses are dropped, so a long-running server's tables stay small."""
@@ -95,15 +104,24 @@ class MaskedKind:
     # --- one step --------------------------------------------------------------------------------
     def cost(self) -> Cost:
         r = self.rows
-        # (setting's cache policy, its rows as an (n,) bool) for each setting that runs, once a step
-        self._groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in r.distinct]
-        self._plan = self._merge([(rows, cache.plan(r, self.shift, self.align)) for cache, rows in self._groups])
+        if self._ahead is not None:  # planned at the end of the last step, its sizes read with its report
+            (self._groups, self._plan), self._ahead = self._ahead, None
+            return Cost(self._plan.cost, r.seq, self._plan.full, total=self._sizes[0])
+        self._groups, self._plan = self._planned()
+        self._sizes = None
         return Cost(self._plan.cost, r.seq, self._plan.full)
 
-    def decode(self, run: torch.Tensor) -> Report:
+    def _planned(self) -> tuple[list, Plan]:
+        """(setting's cache policy, its rows as an (n,) bool) for each setting that runs, and the
+        merged plan of the policies for the rows as they are now."""
+        r = self.rows
+        groups = [(self.parts[cfg].cache, r.cfg == cfg) for cfg in r.distinct]
+        return groups, self._merge([(rows, cache.plan(r, self.shift, self.align)) for cache, rows in groups])
+
+    def decode(self, run: torch.Tensor | None) -> Report:
         groups = self._groups
         verifying = any(cache.verifies for cache, _ in groups)
-        work = StepWork(self.rows, self._plan, run, verifying)
+        work = StepWork(self.rows, self._plan, run, verifying, self._sizes[1:] if run is None else None)
         for f in work.window():
             self._run(work, f)
         if work.doubted():  # what the doubted rows recompute: their verifying caches' plans, merged
@@ -113,7 +131,12 @@ class MaskedKind:
             self._run(work, f)
         for cache, rows in groups:  # each policy updates its own per-row counters
             cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
-        return postprocess.advance(self.rows, work)
+        settled = postprocess.settle(self.rows, work)
+        ahead = self._planned()  # the next step's plan, if no row joins or leaves before it
+        sizes = torch.cat([ahead[1].cost.sum()[None], shape(self.rows, ahead[1], None)])
+        flat = torch.cat([settled, sizes]).tolist()  # the step's one read
+        self._ahead, self._sizes = ahead, flat[settled.numel():]
+        return postprocess.report(self.rows, work, flat[:settled.numel()])
 
     def _run(self, work: StepWork, f: Forward) -> None:
         r, t0 = self.rows, time.perf_counter()

@@ -1,5 +1,6 @@
-"""After a masked step's forwards: blocks advance, stops are found, and what the step did is
-reported to the engine (engine/kind.py Report)."""
+"""After a masked step's forwards: blocks advance, stops are found (`settle`, tensors only), and
+what the step did is read in one transfer and reported to the engine (`report`; engine/kind.py
+Report)."""
 
 from dataclasses import dataclass
 
@@ -11,9 +12,10 @@ from unmask.engine.work import StepWork
 from unmask.sampler.stops import first_stop
 
 
-def advance(rows: RowState, work: StepWork) -> Report:
-    """Per-row bookkeeping in tensors, then one transfer for the rows whose committed prefix grew,
-    reported to the engine (which finishes the rows `Report.done` names and makes the outputs).
+def settle(rows: RowState, work: StepWork) -> torch.Tensor:
+    """Per-row bookkeeping in tensors; returns what the step's one transfer reads: each row's
+    counts and its open block's tokens, then each forward's counts (`report` takes them as read;
+    the caller may read more along with them).
 
     A revising policy's block (rows with max_post >= 0) stays open after its last mask: the next
     steps are post steps, up to max_post of them, and the first post step that edits nothing ends
@@ -49,15 +51,19 @@ def advance(rows: RowState, work: StepWork) -> Report:
     stuck = run & block_open & (committed == 0) & (remasked == 0)
     r.start_blocks(nxt)
     # the tokens the committed prefix can have grown by lie in the block that was open: [s, s + W)
-    W = w.W
-    block = r.x.gather(1, (s[:, None] + torch.arange(W, device=r.device)[None, :]).clamp(max=r.cap))
+    block = r.x.gather(1, (s[:, None] + torch.arange(w.W, device=r.device)[None, :]).clamp(max=r.cap))
     info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), w.seal.long(), w.redo.long(),
                         edits, remasked, s - r.P], 1)
+    return torch.cat([torch.cat([info, block], 1).flatten(), w.counts().flatten()])
+
+
+def report(rows: RowState, work: StepWork, flat: list[int]) -> Report:
+    """The step's Report from `settle`'s values as read (host ints)."""
+    r, W = rows, work.W
     width = 10 + W
-    flat = torch.cat([torch.cat([info, block], 1).flatten(), w.counts().flatten()]).tolist()  # the step's one read
     info = [flat[i * width : (i + 1) * width] for i in range(r.n)]
     rest = flat[r.n * width :]
-    report = Report(records=w.finish_records([rest[i : i + 3] for i in range(0, len(rest), 3)]))
+    out = Report(records=work.finish_records([rest[i : i + 3] for i in range(0, len(rest), 3)]))
     # whole rows only for those that finished or are watched (the playground), or, never expected,
     # a prefix that grew outside the open block
     show = [i for i, row in enumerate(info) if row[3] or r.reqs[i].watch
@@ -77,13 +83,12 @@ def advance(rows: RowState, work: StepWork) -> Report:
         else:  # from the open block's tokens (answer positions start .. start + W)
             new_ids = row_info[10 + req.committed - start : 10 + pre - start]
         # a doubted cached step ran twice: its window, then its recomputation
-        report.row(i, pre, new_ids, 1 + again, [0, n] if again else [n], bool(fin),
-                   MaskedStats(ckv, ed, rm))
+        out.row(i, pre, new_ids, 1 + again, [0, n] if again else [n], bool(fin), MaskedStats(ckv, ed, rm))
         if req.watch:
-            report.views[i] = (row[P : P + req.params.gen_length], None)
+            out.views[i] = (row[P : P + req.params.gen_length], None)
         if fin:
-            report.answers[i] = row[P : P + req.params.gen_length]
-    return report
+            out.answers[i] = row[P : P + req.params.gen_length]
+    return out
 
 
 @dataclass

@@ -42,13 +42,16 @@ class Scheduler:
             out.append(self.waiting.popleft())
         return out
 
-    def budget(self, cost: Cost) -> torch.Tensor:
-        """(n,) bool: the rows that run this step. Positions computed (each row kind's cost: a
+    def budget(self, cost: Cost) -> torch.Tensor | None:
+        """(n,) bool: the rows that run this step, or None when all of them fit (known only when
+        the kind gave its cost's total: a steady masked step needs no tensor for it). Positions computed (each row kind's cost: a
         masked row's window or canvas, a renoising row's canvas and what it encodes, a speculative
         row's prefill or block and drafter context) are spent oldest first, a kind's late rows
         after the others (a masked row's full forward, O(canvas), after the cached windows,
         O(block)); the first row always runs. A long refresh therefore never delays short cached
         steps beyond the forward they share; what does not fit waits for the next step."""
+        if cost.total is not None and cost.total <= self.config.max_num_batched_tokens:
+            return None
         positions = cost.positions
         key = cost.seq - cost.seq.min()  # oldest first (rows are in no particular order)
         if cost.late is not None:  # late rows after every other

@@ -30,6 +30,14 @@ class Forward:
         return self.kind == "full"
 
 
+def shape(rows: RowState, plan: Plan, run: torch.Tensor | None) -> torch.Tensor:
+    """Every size a step's forwards need, as one tensor to read: the widest open block, the
+    sealing rows, and `_shape` of the window and full rows that run (None: every row)."""
+    seal = plan.seals if run is None else run & plan.seals
+    window_rows, full_rows = (~plan.full, plan.full) if run is None else (run & ~plan.full, run & plan.full)
+    return torch.stack([(rows.e - rows.s).max(), seal.sum(), *_shape(plan, window_rows, full_rows)])
+
+
 def _shape(plan: Plan, window: torch.Tensor, full: torch.Tensor) -> list[torch.Tensor]:
     """What sizes a window forward over rows `window` and a full forward over rows `full`: rows,
     positions, the widest window, the longest and shortest canvas, whether any full row keeps K/V."""
@@ -43,15 +51,19 @@ class StepWork:
     """The step's forwards, in order: `window()` (the cached rows), then, when a verifying cache
     doubted some of them, `recompute(plan)` with what those rows recompute, then `rest()` (the
     full rows, and the doubted rows that recompute in one more window). Every size the forwards
-    need is read in one transfer when the step is planned (and one more after a recomputation)."""
+    need is read in one transfer when the step is planned (and one more after a recomputation),
+    unless `sizes` gives them as read already (`shape` of this plan with every row running, read
+    with the previous step's report)."""
 
-    def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor, verifying: bool) -> None:
+    def __init__(self, rows: RowState, plan: Plan, run: torch.Tensor | None, verifying: bool,
+                 sizes: list[int] | None = None) -> None:
+        if run is None:
+            run = torch.ones(rows.n, dtype=torch.bool, device=rows.device)
         self.rows, self.plan, self.run, self.verifying = rows, plan, run, verifying
         self.seal = run & plan.seals
         window_rows, full_rows = run & ~plan.full, run & plan.full
-        # one host read for the step's shape: the widest block, sealing rows, each forward's sizes
-        self.W, self.n_seal, *sizes = torch.stack([(rows.e - rows.s).max(), self.seal.sum(),
-                                                   *_shape(plan, window_rows, full_rows)]).tolist()
+        # the step's shape: the widest block, sealing rows, each forward's sizes (one host read)
+        self.W, self.n_seal, *sizes = sizes if sizes is not None else shape(rows, plan, run).tolist()
         self._window = self._forwards(window_rows, full_rows, sizes, self.verifying)
         self.committed = torch.zeros(rows.n, dtype=torch.long, device=rows.device)
         self.redo = torch.zeros(rows.n, dtype=torch.bool, device=rows.device)

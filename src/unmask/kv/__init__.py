@@ -11,8 +11,10 @@ rotated at their positions.
   context positions, then the block; the new context is kept. rows.py DraftKV (the engine's
   speculative rows, in slots), draft.py DraftCache (the one-request loop).
 - `encoder_keys` / `denoiser_keys` (a renoising model): renoise.py RenoiseKV, the encoder's slots
-  per row (held and valid), sliding-window layers holding the last window - 1.
-The engine's slot store itself (a join takes a slot, a departure moves the last row into it) is
+  per row (held and valid), sliding-window layers holding the last window - 1; the engine's
+  instance keeps them in a store with free rows and columns (joins and departures copy no other
+  row).
+The masked and speculative engine's slot store (a join takes a slot, a departure moves the last row into it) is
 engine/rows.py `Rows`; cache policies (unmask.cache) decide what to recompute and own no memory.
 """
 

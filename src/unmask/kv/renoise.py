@@ -20,14 +20,22 @@ import torch
 
 
 class RenoiseKV:
+    """Row slots: the engine's cache keeps its tensors in a store with room for more rows and
+    more held slots than it has (`add_rows` takes free rows, `keep` moves only the rows a departure
+    displaces, `put` writes a row's slots in place); `k`, `v`, `pos`, `held`, `valid` are views of
+    the rows and widths in use. A cache built for one batch (the reference loop, training) or by
+    `select` is exactly its size."""
+
     def __init__(self, sliding: tuple[bool, ...], window: int, batch: int, device) -> None:
         self.sliding, self.window, self.device = tuple(sliding), window, device
         self.kinds = sorted(set(self.sliding))
-        self.k: list[torch.Tensor | None] = [None] * len(sliding)
-        self.v: list[torch.Tensor | None] = [None] * len(sliding)
-        self.pos = {s: torch.zeros(batch, 0, dtype=torch.long, device=device) for s in self.kinds}
-        self.held = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
-        self.valid = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
+        self.n = batch  # rows in use
+        self.width = {s: 0 for s in self.kinds}  # held-slot columns in use, per layer kind
+        self._k: list[torch.Tensor | None] = [None] * len(sliding)  # (rows, H, columns, D), rows/columns >= in use
+        self._v: list[torch.Tensor | None] = [None] * len(sliding)
+        self._pos = {s: torch.zeros(batch, 0, dtype=torch.long, device=device) for s in self.kinds}
+        self._held = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
+        self._valid = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
         self._write = None  # while writing: per kind (mask, order, width, pos, held, valid)
         # while the held slots do not change (between encoder passes, not training): per layer the
         # denoiser's (keys, values, mask) buffers, held K/V then the canvas's, rewritten in place
@@ -35,31 +43,53 @@ class RenoiseKV:
 
     @property
     def batch(self) -> int:
-        return next(iter(self.pos.values())).shape[0]
+        return self.n
+
+    @property
+    def k(self) -> list[torch.Tensor | None]:
+        return [None if t is None else t[: self.n, :, : self.width[s]] for t, s in zip(self._k, self.sliding)]
+
+    @property
+    def v(self) -> list[torch.Tensor | None]:
+        return [None if t is None else t[: self.n, :, : self.width[s]] for t, s in zip(self._v, self.sliding)]
+
+    @property
+    def pos(self) -> dict:
+        return {s: self._pos[s][: self.n, : self.width[s]] for s in self.kinds}
+
+    @property
+    def held(self) -> dict:
+        return {s: self._held[s][: self.n, : self.width[s]] for s in self.kinds}
+
+    @property
+    def valid(self) -> dict:
+        return {s: self._valid[s][: self.n, : self.width[s]] for s in self.kinds}
 
     # --- the model's side ------------------------------------------------------------------------
     def encoder_keys(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """New slots' K/V (B, H, n, D) -> (keys, values, mask (B, 1, n, T)) to attend over; the
         layer's held K/V become the old ones and the new ones, truncated as the layer keeps them."""
         mask, order, width = self._write[self.sliding[layer]][:3]
-        keys = k if self.k[layer] is None else torch.cat([self.k[layer], k], 2)
-        vals = v if self.v[layer] is None else torch.cat([self.v[layer], v], 2)
+        old_k, old_v = self.k[layer], self.v[layer]
+        keys = k if old_k is None else torch.cat([old_k, k], 2)
+        vals = v if old_v is None else torch.cat([old_v, v], 2)
         idx = order[:, None, :width, None].expand(-1, keys.shape[1], -1, keys.shape[3])
-        self.k[layer], self.v[layer] = keys.gather(2, idx), vals.gather(2, idx)
+        self._k[layer], self._v[layer] = keys.gather(2, idx), vals.gather(2, idx)
         return keys, vals, mask
 
     def denoiser_keys(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The canvas's K/V (B, H, L, D) -> (keys, values, mask or None): the held slots and the
         canvas, bidirectionally (padding masked)."""
-        if self.k[layer] is None:
+        old_k = self.k[layer]
+        if old_k is None:
             return k, v, None
-        held = self.k[layer].shape[2]
+        held = old_k.shape[2]
         buf = self._den.get(layer)
         if buf is not None and buf[0].shape == (k.shape[0], k.shape[1], held + k.shape[2], k.shape[3]):
             keys, vals, mask = buf  # the held part is as the last step left it: only the canvas is new
             keys[:, :, held:], vals[:, :, held:] = k, v
             return keys, vals, mask
-        keys, vals = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+        keys, vals = torch.cat([old_k, k], 2), torch.cat([self.v[layer], v], 2)
         valid = self.valid[self.sliding[layer]]
         mask = None
         if not bool(valid.all()):
@@ -73,13 +103,15 @@ class RenoiseKV:
     def writing(self, positions: torch.Tensor, held: torch.Tensor, valid: torch.Tensor):
         """Around one encoder pass: the new slots' positions (B, n), which of the n columns are
         slots of the row (right padding of a batch of unequal lengths is not), and which are
-        attended to (a left-padded prompt's padding is a slot, not valid)."""
+        attended to (a left-padded prompt's padding is a slot, not valid). Afterwards the cache is
+        exactly its rows and held slots."""
         q_ok = held & valid
         self._write = {}
+        pos_now, held_now, valid_now = self.pos, self.held, self.valid
         for s in self.kinds:
-            pos = torch.cat([self.pos[s], positions], 1)
-            h = torch.cat([self.held[s], held], 1)
-            ok = torch.cat([self.valid[s], valid & held], 1)
+            pos = torch.cat([pos_now[s], positions], 1)
+            h = torch.cat([held_now[s], held], 1)
+            ok = torch.cat([valid_now[s], valid & held], 1)
             allowed = ok[:, None, :] & (pos[:, None, :] <= positions[:, :, None])
             if s:
                 allowed &= pos[:, None, :] > positions[:, :, None] - self.window
@@ -98,80 +130,100 @@ class RenoiseKV:
             yield self
         finally:
             for s in self.kinds:
-                _, _, _, self.pos[s], self.held[s], self.valid[s] = self._write[s]
+                self.width[s] = self._write[s][2]
+                _, _, _, self._pos[s], self._held[s], self._valid[s] = self._write[s]
             self._write = None
             self._den.clear()
 
     def select(self, rows: torch.Tensor) -> "RenoiseKV":
-        """A cache of the given rows (a copy of their tensors)."""
-        out = RenoiseKV(self.sliding, self.window, 0, self.device)
-        out.k = [None if t is None else t[rows] for t in self.k]
-        out.v = [None if t is None else t[rows] for t in self.v]
+        """A cache of the given rows (a copy of their tensors, exactly their size)."""
+        out = RenoiseKV(self.sliding, self.window, rows.numel(), self.device)
+        out.width = dict(self.width)
+        out._k = [None if t is None else t[rows] for t in self.k]
+        out._v = [None if t is None else t[rows] for t in self.v]
+        pos, held, valid = self.pos, self.held, self.valid
         for s in self.kinds:
-            out.pos[s], out.held[s], out.valid[s] = self.pos[s][rows], self.held[s][rows], self.valid[s][rows]
+            out._pos[s], out._held[s], out._valid[s] = pos[s][rows], held[s][rows], valid[s][rows]
         return out
 
     def put(self, rows: torch.Tensor, sub: "RenoiseKV") -> None:
-        """Write `sub`'s rows back at `rows` (widths grow to fit; trailing unheld columns trimmed)."""
+        """Write `sub`'s rows back at `rows`, in place (the store widens when `sub` holds more slots
+        than it has room for; columns past a row's slots are neither held nor valid)."""
         self._den.clear()
         for s in self.kinds:
-            self.pos[s], sub_pos = _fit(self.pos[s], sub.pos[s], 0)
-            self.held[s], sub_held = _fit(self.held[s], sub.held[s], False)
-            self.valid[s], sub_valid = _fit(self.valid[s], sub.valid[s], False)
-            self.pos[s][rows], self.held[s][rows], self.valid[s][rows] = sub_pos, sub_held, sub_valid
-        for i in range(len(self.k)):
-            if sub.k[i] is None:
+            w = sub.width[s]
+            self._reserve(self._pos[s].shape[0], w, s)
+            self._pos[s][rows, :w], self._pos[s][rows, w:] = sub.pos[s], 0
+            self._held[s][rows, :w], self._held[s][rows, w:] = sub.held[s], False
+            self._valid[s][rows, :w], self._valid[s][rows, w:] = sub.valid[s], False
+            self.width[s] = max(self.width[s], w)
+        for i, (sk, sv) in enumerate(zip(sub.k, sub.v)):
+            if sk is None:
                 continue
-            if self.k[i] is None:
-                B, (_, H, _, D) = self.batch, sub.k[i].shape
-                self.k[i] = sub.k[i].new_zeros(B, H, 0, D)
-                self.v[i] = sub.v[i].new_zeros(B, H, 0, D)
-            self.k[i], sk = _fit(self.k[i], sub.k[i], 0.0, dim=2)
-            self.v[i], sv = _fit(self.v[i], sub.v[i], 0.0, dim=2)
-            self.k[i][rows], self.v[i][rows] = sk, sv
+            if self._k[i] is None:
+                C, T = self._pos[self.sliding[i]].shape
+                self._k[i] = sk.new_zeros(C, sk.shape[1], T, sk.shape[3])
+                self._v[i] = sv.new_zeros(C, sv.shape[1], T, sv.shape[3])
+            self._k[i][rows, :, : sk.shape[2]], self._v[i][rows, :, : sv.shape[2]] = sk, sv
         self._trim()
 
-    def keep(self, rows: torch.Tensor) -> None:
-        """Only these rows stay (a finished request's row leaves)."""
+    def keep(self, perm: torch.Tensor) -> None:
+        """Only these rows stay, row i being old row perm[i] (a finished request's row leaves).
+        Only the rows that move are copied (engine/rows.py moves the last rows into freed ones)."""
         self._den.clear()
-        self.k = [None if t is None else t[rows] for t in self.k]
-        self.v = [None if t is None else t[rows] for t in self.v]
-        for s in self.kinds:
-            self.pos[s], self.held[s], self.valid[s] = self.pos[s][rows], self.held[s][rows], self.valid[s][rows]
+        dst = (perm != torch.arange(perm.numel(), device=perm.device)).nonzero().squeeze(-1)
+        if dst.numel():
+            src = perm[dst]
+            for t in self._stores():
+                t[dst] = t[src]
+        self.n = perm.numel()
+        if self.n == 0:  # the last row left: the store is freed
+            self.__init__(self.sliding, self.window, 0, self.device)
+            return
         self._trim()
 
     def add_rows(self, n: int) -> None:
-        """n empty rows at the end (requests joining)."""
+        """n empty rows at the end (requests joining): free rows of the store (it grows by half
+        when full)."""
         self._den.clear()
+        C = self._pos[self.kinds[0]].shape[0]
+        if self.n + n > C:
+            for s in self.kinds:
+                self._reserve(max(self.n + n, C + C // 2), self._pos[s].shape[1], s)
+        new = slice(self.n, self.n + n)
         for s in self.kinds:
-            self.pos[s] = torch.cat([self.pos[s], self.pos[s].new_zeros(n, self.pos[s].shape[1])])
-            self.held[s] = torch.cat([self.held[s], self.held[s].new_zeros(n, self.held[s].shape[1])])
-            self.valid[s] = torch.cat([self.valid[s], self.valid[s].new_zeros(n, self.valid[s].shape[1])])
-        for i, t in enumerate(self.k):
-            if t is not None:
-                self.k[i] = torch.cat([t, t.new_zeros(n, *t.shape[1:])])
-                self.v[i] = torch.cat([self.v[i], self.v[i].new_zeros(n, *self.v[i].shape[1:])])
+            self._pos[s][new], self._held[s][new], self._valid[s][new] = 0, False, False
+        self.n += n
+
+    def _stores(self) -> list[torch.Tensor]:
+        return [t for t in self._k + self._v if t is not None] + [
+            d[s] for d in (self._pos, self._held, self._valid) for s in self.kinds]
+
+    def _reserve(self, rows: int, cols: int, s: bool) -> None:
+        """Room for `rows` rows and `cols` held slots of layer kind `s` (grown by half, copied)."""
+        C, T = self._pos[s].shape
+        if rows <= C and cols <= T:
+            return
+        rows, cols = max(rows, C), cols if cols <= T else max(cols, T + T // 2)
+        self._pos[s] = _grow(self._pos[s], rows, cols, 0, 1)
+        self._held[s] = _grow(self._held[s], rows, cols, False, 1)
+        self._valid[s] = _grow(self._valid[s], rows, cols, False, 1)
+        for i, sl in enumerate(self.sliding):
+            if sl == s and self._k[i] is not None:
+                self._k[i], self._v[i] = _grow(self._k[i], rows, cols, 0.0, 2), _grow(self._v[i], rows, cols, 0.0, 2)
 
     def _trim(self) -> None:
+        """The widths in use: the most slots a row holds (no copy)."""
+        held = self.held
         for s in self.kinds:
-            width = int(self.held[s].sum(1).max()) if self.held[s].numel() else 0
-            if width < self.held[s].shape[1]:
-                self.pos[s], self.held[s], self.valid[s] = (t[:, :width] for t in (self.pos[s], self.held[s],
-                                                                                    self.valid[s]))
-                for i, sl in enumerate(self.sliding):
-                    if sl == s and self.k[i] is not None:
-                        self.k[i], self.v[i] = self.k[i][:, :, :width], self.v[i][:, :, :width]
+            self.width[s] = int(held[s].sum(1).max()) if held[s].numel() else 0
 
 
-def _fit(a: torch.Tensor, b: torch.Tensor, fill, dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad `a` and `b` along `dim` to the wider of the two."""
-    w = max(a.shape[dim], b.shape[dim])
-    return _pad(a, w, fill, dim), _pad(b, w, fill, dim)
-
-
-def _pad(t: torch.Tensor, width: int, fill, dim: int) -> torch.Tensor:
-    if t.shape[dim] == width:
-        return t
+def _grow(t: torch.Tensor, rows: int, cols: int, fill, dim: int) -> torch.Tensor:
+    """`t` in a larger tensor of `rows` rows and `cols` columns along `dim` (the rest `fill`)."""
     shape = list(t.shape)
-    shape[dim] = width - t.shape[dim]
-    return torch.cat([t, t.new_full(shape, fill)], dim)
+    shape[0], shape[dim] = rows, cols
+    out = t.new_full(shape, fill)
+    index = [slice(0, n) for n in t.shape]
+    out[tuple(index)] = t
+    return out

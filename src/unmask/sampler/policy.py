@@ -4,8 +4,9 @@ All policies are batched over rows: inputs are (B, W) tensors whose non-candidat
 ignored; output is a (B, W) bool tensor that is a subset of the candidates. Every policy commits
 at least one token in a row that has a candidate and a positive quota.
 
-Each policy declares, in its class, its name, the generation parameter it reads (its knob) and
-how it is built from the parameters; `@register` adds it to POLICIES. The CLI flags, the bench
+Each policy declares, in its class, its name, the generation parameters it reads (`fields`, as
+unmask.knobs.Knob: default, type, help, range), the one that tunes it (its knob) and how it is
+built from the parameters; `@register` adds it to POLICIES. The CLI flags, the bench
 grid and the lm-eval arguments are derived from that, so a new policy is one class here.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from unmask.knobs import NON_NEGATIVE, POSITIVE, UNIT, Knob, choices, non_negative_int
 from unmask.registry import Registry
 
 
@@ -44,11 +46,13 @@ register = POLICIES.register
 class _Registered:
     """What a registered policy declares besides `select`.
 
-    name: the value of `--policy`. knob: the generation parameter (a GenerationParams field) that
-    tunes it, or None. bench_knob: what the number in a bench grid entry `name:VALUE` means.
+    name: the value of `--policy`. fields: the generation parameters it declares (GenerationParams
+    is built from every component's). knob: the one that tunes it, or None. bench_knob: what the
+    number in a bench grid entry `name:VALUE` means.
     """
 
     name: ClassVar[str]
+    fields: ClassVar[dict[str, Knob]] = {}
     knob: ClassVar[str | None] = None
     bench_knob: ClassVar[str] = ""
     uses_schedule: ClassVar[bool] = False
@@ -125,6 +129,8 @@ class FixedPolicy(_Registered):
     name: ClassVar[str] = "fixed"
     bench_knob: ClassVar[str] = "tokens per step"
     uses_schedule: ClassVar[bool] = True
+    fields: ClassVar[dict] = {"remasking": Knob("low_confidence", str, "fixed policy's order: most confident first, "
+                                                "or random", choices(("low_confidence", "random")), from_model=True)}
     top: Callable = field(default=take_top, repr=False)  # how the k best are picked (compat: the reference's call)
 
     @classmethod
@@ -154,6 +160,8 @@ class ThresholdPolicy(_Registered):
     name: ClassVar[str] = "threshold"
     knob: ClassVar[str] = "threshold"
     bench_knob: ClassVar[str] = "threshold"
+    fields: ClassVar[dict] = {"threshold": Knob(0.9, float, "threshold policy: commit every candidate with "
+                                                "confidence >= this", UNIT, from_model=True)}
     threshold: float
 
     def select(self, score, entropy, candidates, quota, step, generator):
@@ -176,6 +184,13 @@ class EditPolicy(_Registered):
     name: ClassVar[str] = "edit"
     knob: ClassVar[str] = "edit_threshold"
     bench_knob: ClassVar[str] = "edit threshold"
+    fields: ClassVar[dict] = {
+        "edit_threshold": Knob(None, float, "edit policy (and compat llada2): replace a committed token of the open "
+                               "block by the model's argmax when that differs with probability above this "
+                               "(token-to-token editing)", UNIT),
+        "max_post_steps": Knob(16, int, "edit policy: editing steps a block may take after its last mask is "
+                               "committed", non_negative_int),
+    }
     revises: ClassVar[bool] = True
     threshold: float
     edit_threshold: float
@@ -224,6 +239,12 @@ class ReMDMPolicy(_Registered):
     name: ClassVar[str] = "remdm"
     knob: ClassVar[str] = "remask_eta"
     bench_knob: ClassVar[str] = "eta"
+    fields: ClassVar[dict] = {
+        "remask_eta": Knob(None, float, "remdm policy: ReMDM's eta, the remasking probability bound (default 0.05)",
+                           UNIT),
+        "remask_strategy": Knob(None, str, "remdm policy: how sigma is set: cap (default), rescale or conf",
+                                choices(REMDM_STRATEGIES)),
+    }
     uses_schedule: ClassVar[bool] = True
     revises: ClassVar[bool] = True
     needs_uniform: ClassVar[bool] = True
@@ -265,6 +286,7 @@ class FactorPolicy(_Registered):
     name: ClassVar[str] = "factor"
     knob: ClassVar[str] = "factor"
     bench_knob: ClassVar[str] = "factor"
+    fields: ClassVar[dict] = {"factor": Knob(1.0, float, "factor policy: f", POSITIVE, from_model=True)}
     factor: float
     top: Callable = field(default=take_top, repr=False)
 
@@ -289,6 +311,9 @@ class EntropyBoundPolicy(_Registered):
     name: ClassVar[str] = "entropy"
     knob: ClassVar[str] = "gamma"
     bench_knob: ClassVar[str] = "gamma"
+    fields: ClassVar[dict] = {"gamma": Knob(0.1, float, "entropy policy and compat diffusion-gemma: entropy bound "
+                                            "(accept the lowest-entropy positions while the sum of their entropies "
+                                            "minus the largest is at most this)", NON_NEGATIVE, from_model=True)}
     needs_entropy: ClassVar[bool] = True
     gamma: float
 
@@ -310,6 +335,7 @@ class BudgetPolicy(_Registered):
     name: ClassVar[str] = "budget"
     knob: ClassVar[str] = "budget"
     bench_knob: ClassVar[str] = "budget"
+    fields: ClassVar[dict] = {"budget": Knob(1.0, float, "budget policy: error budget f", POSITIVE, from_model=True)}
     budget: float
 
     def select(self, score, entropy, candidates, quota, step, generator):

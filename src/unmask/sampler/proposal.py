@@ -19,8 +19,11 @@ gather the whole logits first.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from unmask.knobs import NON_NEGATIVE, UNIT, Knob, choices, positive_int
 
 CONFIDENCES = ("prob", "margin", "neg_entropy", "random")
 
@@ -39,6 +42,15 @@ class ProposalConfig:
     # gather from a full softmax (bit-exact with the references) instead of exp(l - logsumexp(l))
     exact_softmax: bool = False
     need_entropy: bool = False
+
+    # the generation parameters the proposal reads ("random" confidence is what remasking=random uses)
+    fields: ClassVar[dict[str, Knob]] = {
+        "confidence": Knob("prob", str, "score that policies rank candidates by",
+                           choices(tuple(c for c in CONFIDENCES if c != "random")), from_model=True),
+        "temperature": Knob(0.0, float, "sampling temperature (0: greedy)", NON_NEGATIVE),
+        "top_k": Knob(None, int, "sample among the k most likely tokens", positive_int),
+        "top_p": Knob(None, float, "sample from the smallest set with probability >= p", UNIT),
+    }
 
 
 @dataclass
