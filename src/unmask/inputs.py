@@ -41,6 +41,30 @@ def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = N
     return out
 
 
+def suffix_ids(tokenizer: Tokenizer, suffix, prompts, n: int) -> list[list[int]] | None:
+    """The text after each prompt's hole (infilling), as token ids without special tokens: a
+    string for a single text prompt, or one string or id list per prompt. None: no suffix."""
+    if suffix is None:
+        return None
+    if isinstance(suffix, str):
+        if not isinstance(prompts, str) and n != 1:
+            raise UnmaskError(f"suffix is one string for {n} prompts; give one suffix per prompt")
+        suffix = [suffix]
+    if not isinstance(suffix, (list, tuple)) or len(suffix) != n:
+        raise UnmaskError(f"suffix must be one string or id list per prompt ({n}), not "
+                          f"{len(suffix) if isinstance(suffix, (list, tuple)) else type(suffix).__name__}")
+    out = []
+    for r, s in enumerate(suffix):
+        if isinstance(s, str):
+            out.append(tokenizer.encode(s, add_special_tokens=False))
+        elif isinstance(s, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                                  for t in s):
+            out.append([int(t) for t in s])
+        else:
+            raise UnmaskError(f"suffix {r} must be a string or a list of token ids, not {type(s).__name__}")
+    return out
+
+
 def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str,
                max_positions: int | None = None) -> list[list[int]]:
     """Any accepted form of prompts -> a list of token-id lists."""
@@ -72,6 +96,32 @@ def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str,
             raise UnmaskError(f"prompt {r}: token id {bad!r} is not an integer")
         ids.append([int(t) for t in p])
     return ids
+
+
+def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, tokens: TokenIds,
+                 prompt_len: int) -> None:
+    """Text after the hole (infilling): only a full-attention masked model sees it (a block,
+    causal or renoising model attends left to right, or over its own canvas), natively (a
+    reference mode reproduces a prompt-only sampler); ids inside the vocabulary, no mask token,
+    the canvas within the model's positions."""
+    if not suffix:
+        return
+    if arch.kind != "full":
+        what = {"block": "a block-diffusion model attends to earlier blocks only",
+                "causal": "an autoregressive model attends to earlier tokens only",
+                "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
+        raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
+                          f"{arch.family} model cannot see it: {what}")
+    if params.compat is not None:
+        raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively")
+    bad = [t for t in suffix if not 0 <= t < arch.vocab_size]
+    if bad:
+        raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
+    if tokens.mask in suffix:
+        raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
+    if prompt_len + params.gen_length + len(suffix) > arch.max_positions:
+        raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
+                          f"exceeds the model's maximum of {arch.max_positions} positions")
 
 
 def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConfig, tokens: TokenIds) -> None:

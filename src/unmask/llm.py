@@ -17,7 +17,7 @@ import torch
 from unmask.accept import accept, refuse_unused_renoising
 from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
-from unmask.inputs import check_prompts, encode, prompt_ids
+from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
@@ -227,10 +227,13 @@ class LLM:
         return encode(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
 
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
-                 chat: bool | None = None, unknown_words: str = "error") -> BatchOutput:
+                 chat: bool | None = None, unknown_words: str = "error", suffix=None) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
         `chat` is not False) or lists of token ids. Without `params`: `default_params()`; a dict
-        names GenerationParams fields. Out-of-vocabulary words: see `encode`."""
+        names GenerationParams fields. Out-of-vocabulary words: see `encode`. `suffix`: the text
+        after the hole (infilling: the prompt is the text before it, gen_length the hole), one
+        per prompt (a string or ids; a string for a single text prompt); full-attention masked
+        models only (unmask.inputs.check_suffix)."""
         if params is None:
             params = self.default_params()
         elif isinstance(params, dict):  # GenerationParams' fields by name, then the model's defaults
@@ -239,6 +242,13 @@ class LLM:
             params = self.accept(params)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
+        tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids))
+        if tails is not None:
+            for p, s in zip(ids, tails):
+                check_suffix(s, params, self.arch, self.token_ids, len(p))
+            if self.ranks is not None:
+                raise UnmaskError("a suffix is not served under tensor parallelism yet")
+            return self._generate_engine(ids, params, tails)
         if self.ranks is not None:  # every rank runs the same generation over its shard
             return run_spmd(self.ranks, ("generate", ids, params), lambda: self._generate_ids(ids, params))
         return self._generate_ids(ids, params)
@@ -280,11 +290,13 @@ class LLM:
         (it proposes, this model verifies), renoising canvases, or masked diffusion."""
         return Engine(self.model, self.token_ids, config, drafter=self.drafter)
 
-    def _generate_engine(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
+    def _generate_engine(self, ids: list[list[int]], params: GenerationParams,
+                         suffixes: list[list[int]] | None = None) -> BatchOutput:
         """Offline generation is "add every request, step until done" on the serving engine."""
         engine = self._engine(EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None))
         t0 = time.perf_counter()
-        reqs = [engine.add_request(p, params) for p in ids]
+        reqs = [engine.add_request(p, params, suffix=None if suffixes is None else suffixes[r])
+                for r, p in enumerate(ids)]
         while engine.has_unfinished():
             engine.step()
         seconds = time.perf_counter() - t0

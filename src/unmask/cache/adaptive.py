@@ -63,7 +63,7 @@ class AdaptiveCache(CachePolicy):
             if self.refresh_scope == "canvas":
                 fresh = fresh | trig
             else:  # the block and the masked suffix against the block start's prefix K/V
-                end = torch.where(trig, rows.L, end)
+                end = torch.where(trig, rows.T, end)
         plan = Plan.window(rows, rows.s - shift, end, full=fresh)
         plan.reset = plan.reset | trig
         return plan
@@ -73,7 +73,7 @@ class AdaptiveCache(CachePolicy):
 
     def recompute(self, rows, shift: int) -> Plan:
         full = torch.full_like(rows.s, self.refresh_scope == "canvas", dtype=torch.bool)
-        return Plan.window(rows, rows.s - shift, rows.L, full=full)
+        return Plan.window(rows, rows.s - shift, rows.T, full=full)
 
     def after(self, rows, ran, plan, doubted, committed, align) -> None:
         since = rows.state["since"]

@@ -45,15 +45,17 @@ class Plan:
     @classmethod
     def window(cls, rows, start: torch.Tensor, end: torch.Tensor, full: torch.Tensor | None = None,
                kv: bool = True) -> "Plan":
-        """Window rows [start, end) (rows whose `full` is set: a full forward over [0, rows.L))."""
+        """Window rows [start, end) (rows whose `full` is set: a full forward over the canvas,
+        [0, rows.T), the fixed text after a hole included)."""
         no = torch.zeros_like(start, dtype=torch.bool)
         full = no if full is None else full
-        return cls(full, torch.where(full, 0, start), torch.where(full, rows.L, end), no | kv, no, full.clone())
+        return cls(full, torch.where(full, 0, start), torch.where(full, rows.T, end), no | kv, no, full.clone())
 
 
 class CachePolicy:
     """The interface; see the module docstring. `rows` is the engine's RowState: per-row tensors
-    s / e (the open block), L (canvas end), P (prompt end), blk (block length), step (inside the
+    s / e (the open block), L (the generated region's end), T (the canvas's end: L, or past the
+    fixed text after a hole), P (prompt end), blk (block length), step (inside the
     block), block (index); and `rows.state[name]`, the (n,) long counters a policy declares in
     `row_state` (name -> its value when a row joins, from the row's prompt end P and the model's
     attention block `align`): the engine keeps them with the rows and knows nothing else of them."""

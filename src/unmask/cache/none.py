@@ -19,4 +19,4 @@ class NoCache(CachePolicy):
 
     def plan(self, rows, shift: int, align: int) -> Plan:
         full = torch.ones_like(rows.s, dtype=torch.bool)
-        return Plan.window(rows, rows.s, rows.L, full=full, kv=False)
+        return Plan.window(rows, rows.s, rows.T, full=full, kv=False)

@@ -22,8 +22,9 @@ class PrefixCache(CachePolicy):
         return cls(p.refresh_interval)
 
     def window_end(self, rows):
-        """Where a cached step's window ends: the canvas end (DualCache: the block end)."""
-        return rows.L
+        """Where a cached step's window ends: the canvas end, past any fixed text after the hole
+        (DualCache: the block end)."""
+        return rows.T
 
     def plan(self, rows, shift: int, align: int) -> Plan:
         return Plan.window(rows, rows.s - shift, self.window_end(rows), full=refresh_due(rows, self.refresh_interval))

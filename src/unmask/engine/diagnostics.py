@@ -90,7 +90,7 @@ class Observer:
                                                  max(0.0, data[7][b][w]), bool(data[4][b][w]),
                                                  max(0.0, data[5][b][w])))
             if kind == "window" and r.k is not None:
-                L = int(r.L[row])
+                L = int(r.T[row])
                 kd = [_rel(r.k[layer][row, :, :L], rec.k[layer][b, :, :L]) for layer in sorted(rec.k)]
                 vd = [_rel(r.v[layer][row, :, :L], rec.v[layer][b, :, :L]) for layer in sorted(rec.v)]
                 self.drift.append(DriftRecord(req.id, block, step, age, kd, vd))

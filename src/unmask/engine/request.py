@@ -60,6 +60,7 @@ class Request:
     first_commit: float | None = None  # first step that grew the committed prefix
     finished: float | None = None
     watch: bool = False  # report the whole canvas and this step's proposals (the playground)
+    suffix: list[int] = field(default_factory=list)  # fixed text after the hole (infilling; full-attention models)
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:

@@ -184,7 +184,8 @@ class RowState(Rows):
 
     x: torch.Tensor = per_row(cols=True, fill="pad")  # (n, cap + 1) token ids
     pos: torch.Tensor = per_row(cols=True)  # (n, cap + 1) RoPE positions
-    L: torch.Tensor = per_row()  # canvas end: prompt + gen_length
+    L: torch.Tensor = per_row()  # the generated region's end: prompt + gen_length
+    T: torch.Tensor = per_row()  # the canvas's end: L + the suffix after the hole (infilling), else L
     P: torch.Tensor = per_row()  # prompt end
     blk: torch.Tensor = per_row()  # block length
     spb: torch.Tensor = per_row()  # steps in the current block
@@ -218,21 +219,24 @@ class RowState(Rows):
         of block_length from the answer's first column. `steps_width`: the quota table's width."""
         p = req.params
         P, L = len(req.prompt), len(req.prompt) + p.gen_length
-        self.grow(L)
+        T = L + len(req.suffix)
+        self.grow(T)
         if self.quota.shape[1] < steps_width:
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.n, steps_width - self.quota.shape[1])], 1)
         x = torch.full((1, self.cap + 1), self.pad_id, dtype=torch.long)
         x[0, :P] = torch.tensor(req.prompt)
         x[0, P:L] = mask_id
+        if req.suffix:
+            x[0, L:T] = torch.tensor(req.suffix)
         pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
-        pos[0, :L] = torch.arange(L)
+        pos[0, :T] = torch.arange(T)
         e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
         cache = req.parts.cache
         for name in cache.row_state:  # the counters its cache policy keeps per row
             self.declare(name)
         self.append([req], dict(
             **{name: [init(P, align)] for name, init in cache.row_state.items()},
-            x=x, pos=pos, L=L, P=P, blk=p.block_length, spb=p.steps_per_block,
+            x=x, pos=pos, L=L, T=T, P=P, blk=p.block_length, spb=p.steps_per_block,
             tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
             cfg=cfg_id, early=req.parts.early_stop,
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))

@@ -43,7 +43,7 @@ class ModelRunner:
         valid = aq < (end - start)[idx, None]
         cols = torch.where(valid, start[idx, None] + aq, r.cap)
         ids, pos = r.x[idx].gather(1, cols), r.pos[idx].gather(1, cols)
-        key_mask = torch.arange(r.cap + 1, device=self.device)[None, :] < r.L[idx, None]
+        key_mask = torch.arange(r.cap + 1, device=self.device)[None, :] < r.T[idx, None]
         kv = RowsKV(r, None if f.all_rows else idx, cols, False, self.layers)
         hidden = (ar + (s[idx, None] - shift - start[idx, None])).clamp(0, q - 1)
         return self.model(ids, pos, kv, start[idx], key_mask, hidden, **self.local)  # per-row first query column
@@ -52,8 +52,8 @@ class ModelRunner:
         """For diagnostics: an uncached full forward over the rows' current canvases (nothing is
         written to the KV rows): logits at the block columns, and every layer's fresh K/V."""
         r = self.rows
-        Lmax = int(r.L[idx].max())
-        key_mask = torch.arange(Lmax, device=self.device)[None, :] < r.L[idx, None]
+        Lmax = int(r.T[idx].max())
+        key_mask = torch.arange(Lmax, device=self.device)[None, :] < r.T[idx, None]
         key_mask = None if bool(key_mask.all()) else key_mask
         rec = Recorder(Lmax)
         hidden = (s[idx, None] - self.shift + torch.arange(W, device=self.device)[None, :]).clamp(0, Lmax - 1)

@@ -22,6 +22,27 @@ from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token
 STATE = "trainer_state.pt"
 
 
+def _code_eval(model, cfg: TrainConfig, held: list, mask_id: int) -> dict[str, float]:
+    """A code model's mean loss on fixed rows of the selection split (the diffusion loss at noise
+    levels spread evenly over (eps, 1), the same draws every time; the AR twin's next-token loss)."""
+    from unmask.train.trainer import ar_loss, ar_targets, diffusion_loss
+
+    model.eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        if cfg.kind == "ar":
+            loss = sum(float(ar_loss(model, b)) for b in held) / sum(ar_targets(b) for b in held)
+        else:
+            total = 0.0
+            for b in held:
+                n = b.ids.shape[0]
+                t = cfg.eps + (1 - cfg.eps) * (torch.arange(n) + 0.5) / n
+                total += float(diffusion_loss(model, b, mask_id, t, gen))
+            loss = total / sum(b.ids.shape[0] * (b.ids.shape[1] - 1) for b in held)
+    model.train()
+    return {"select_loss": round(loss, 4)}
+
+
 def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
     from unmask.evaluate import evaluate
     from unmask.llm import LLM
@@ -106,7 +127,17 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, progress: boo
 def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progress: bool, until: int | None) -> dict:
     state_path = out / STATE
     torch.manual_seed(cfg.seed)
-    tok = build_tokenizer()
+    rows = held = None
+    if cfg.corpus is not None:  # a code model: rows from the corpus, its own byte-level BPE
+        from unmask.train import code
+
+        root = None if cfg.corpus == "stdlib" else cfg.corpus
+        folder = code.prepare(out / "corpus", root, cfg.vocab_size)
+        rows, tok = code.load_rows(folder, root, "train", cfg.gen_length, cfg.seed, cfg.fim_rate)
+        select, _ = code.load_rows(folder, root, "select", cfg.gen_length, 1234, cfg.fim_rate)
+        held = [select.batch(min(cfg.eval_n, 16)) for _ in range(max(1, cfg.eval_n // 16))]
+    else:
+        tok = build_tokenizer()
     target_llm = None
     if cfg.kind == "dflash":
         target_llm = _target(cfg, tok)
@@ -136,7 +167,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
                               f"(layers {cfg.layers}, d_model {cfg.d_model}, heads {cfg.heads}, mlp {cfg.mlp})") from None
     writable_folder(out, "run folder")  # only once everything that can be checked has been
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    sampler = TaskSampler(cfg.tasks, cfg.seed)
+    sampler = rows if rows is not None else TaskSampler(cfg.tasks, cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, history, elapsed = 0, [], 0.0
     if resume:
@@ -152,6 +183,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     def checkpoint(final: bool = False) -> None:
         meta = {"config": asdict(cfg), "step": step, "elapsed_seconds": elapsed + time.time() - t0,
                 "history": history, "final": final}
+        if rows is not None:
+            meta["corpus"] = json.loads((out / "corpus" / "corpus.json").read_text())
         g = cfg.gen_length
         block = cfg.block_length if cfg.kind == "block" else g
         if cfg.kind == "dflash":
@@ -170,11 +203,14 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
     while step < stop:
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        examples = [sampler.next() for _ in range(cfg.batch)]
-        if target_llm is not None:  # a drafter learns what its target says
-            batches = dflash.regenerate(target_llm, examples, tok, cfg.gen_length)
+        if rows is not None:
+            batches = [rows.batch(cfg.batch)]
         else:
-            batches = make_batches(examples, tok, cfg.gen_length)
+            examples = [sampler.next() for _ in range(cfg.batch)]
+            if target_llm is not None:  # a drafter learns what its target says
+                batches = dflash.regenerate(target_llm, examples, tok, cfg.gen_length)
+            else:
+                batches = make_batches(examples, tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
         loss = train_step(model, batches, cfg, mask_id, gen)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -183,7 +219,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         smooth = loss if smooth is None else 0.98 * smooth + 0.02 * loss
         record = {"step": step, "loss": round(smooth, 5), "seconds": round(elapsed + time.time() - t0, 1)}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            record["held_out_exact"] = _eval(model, tok, cfg)
+            record["held_out_exact" if rows is None else "held_out"] = (
+                _eval(model, tok, cfg) if rows is None else _code_eval(model, cfg, held, mask_id))
             history.append(record)
             checkpoint(final=step == cfg.steps)
             if progress:

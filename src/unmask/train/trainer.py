@@ -72,6 +72,15 @@ class TrainConfig:
     target_layers: tuple = ()
     anchors: int = 16
     loss_gamma: float = 4.0
+    # a code model (unmask.train.code): rows of `gen_length` tokens cut from a corpus instead of
+    # the task suite: "stdlib" (the running CPython's standard library, which must be the pinned
+    # version) or the folder of one; a byte-level BPE vocabulary of `vocab_size` tokens; diffusion
+    # only: a share `span_rate` of rows masks one contiguous span instead of independent positions
+    # (holes); ar only: a share `fim_rate` of rows is rewritten prefix-suffix-middle
+    corpus: str | None = None
+    vocab_size: int = 4096
+    span_rate: float = 0.0
+    fim_rate: float = 0.0
 
     def check(self) -> "TrainConfig":
         from unmask.errors import UnmaskError
@@ -113,12 +122,23 @@ class TrainConfig:
         if not (isinstance(self.loss_gamma, (int, float)) and not isinstance(self.loss_gamma, bool)
                 and math.isfinite(self.loss_gamma) and self.loss_gamma > 0):
             raise UnmaskError(f"loss_gamma {self.loss_gamma!r} must be a finite number > 0")
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps", "edit_noise", "edit_weight"):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "eps", "edit_noise", "edit_weight",
+                     "span_rate", "fim_rate"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise UnmaskError(f"{name} {v!r} must be a finite number >= 0")
         if not self.lr > 0 or not 0 < self.eps < 1:
             raise UnmaskError(f"lr {self.lr} must be > 0 and eps {self.eps} in (0, 1)")
+        if self.corpus is not None and self.kind not in ("diffusion", "ar"):
+            raise UnmaskError(f"corpus {self.corpus!r}: a code model is a diffusion model or its ar twin, not {self.kind}")
+        if self.span_rate > 1 or (self.span_rate and (self.kind != "diffusion" or self.corpus is None)):
+            raise UnmaskError(f"span_rate {self.span_rate!r} must be in [0, 1], and above 0 only for a diffusion "
+                              "code model (corpus)")
+        if self.fim_rate > 1 or (self.fim_rate and (self.kind != "ar" or self.corpus is None)):
+            raise UnmaskError(f"fim_rate {self.fim_rate!r} must be in [0, 1], and above 0 only for an ar code model "
+                              "(corpus)")
+        if not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool) or not 300 <= self.vocab_size <= 65536:
+            raise UnmaskError(f"vocab_size {self.vocab_size!r} must be an integer in [300, 65536]")
         if self.edit_noise > 1 or (self.edit_noise and self.kind != "block"):
             raise UnmaskError(f"edit_noise {self.edit_noise!r} must be in [0, 1], and above 0 only for kind block")
         return self
@@ -173,11 +193,19 @@ def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
     return eps + (1 - eps) * u[torch.randperm(B, generator=gen)]
 
 
-def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator,
+                   span_rate: float = 0.0) -> torch.Tensor:
     """Sum over rows of the LLaDA SFT loss: cross-entropy on masked answer positions weighted by 1/t
-    (divide by rows x canvas length for the mean)."""
+    (divide by rows x canvas length for the mean). With `span_rate`, that share of rows masks one
+    contiguous span of round(t * G) positions (at least one) at a uniform offset instead."""
     B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
     masked = torch.rand(B, G, generator=gen) < t[:, None]
+    if span_rate:
+        span = torch.rand(B, generator=gen) < span_rate
+        n = (t * G).round().long().clamp(1, G)
+        start = (torch.rand(B, generator=gen) * (G - n + 1)).long()
+        cols = torch.arange(G)[None, :]
+        masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < (start + n)[:, None]), masked)
     ids = b.ids.clone()
     ids[:, b.prompt_len :][masked] = mask_id
     shift = model.config.logit_shift  # logits at j score token j + shift
@@ -292,7 +320,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
     for b in batches:
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
-            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen) / denom
+            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate) / denom
         elif cfg.kind == "renoise":
             from unmask.train.renoise import renoise_loss
 

@@ -1,0 +1,125 @@
+"""The code models' corpus, tokenizer and training rows (unmask.train.code), on a small
+synthetic standard-library folder (CI does not depend on which CPython is installed)."""
+
+import json
+
+import pytest
+
+from unmask import LLM, UnmaskError
+from unmask.train import code
+
+SOURCE = '''"""A module."""
+
+import os
+
+
+def add(a, b):
+    """Add."""
+    total = a + b
+    return total
+
+
+class Box:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def size(self):
+        return len(self.items)
+'''
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lib")
+    (root / "os.py").write_text("import sys\n")
+    for i in range(40):
+        (root / f"mod_{i}.py").write_text(SOURCE.replace("add", f"add_{i}").replace("Box", f"Box{i}"))
+    (root / "test").mkdir()
+    (root / "test" / "test_x.py").write_text("x = 1\n")  # test suites are left out
+    (root / "bad.py").write_text("print 'python 2'\n")  # does not parse: left out
+    return root
+
+
+def test_corpus_split_and_manifest(root, tmp_path):
+    files = code.corpus_files(root)
+    assert "test/test_x.py" not in files and "bad.py" not in files and "mod_0.py" in files
+    assert {code.split_of(f) for f in files} <= set(code.SPLITS)
+    assert code.split_of("mod_0.py") == code.split_of("mod_0.py")  # by path alone
+    folder = code.prepare(tmp_path / "corpus", root, vocab_size=400)
+    listed = json.loads((folder / "corpus.json").read_text())["files"]
+    assert [f["path"] for f in listed] == files and all(len(f["sha256"]) == 64 for f in listed)
+
+
+def test_tokenizer_cuts_at_line_starts_as_the_whole_text(root, tmp_path):
+    """A newline is a token of its own: lines tokenized one by one give the file's tokens, so a
+    hole of whole lines has the tokens it had in the file; bytes round-trip."""
+    folder = code.prepare(tmp_path / "corpus", root, vocab_size=400)
+    rows, tok = code.load_rows(folder, root, "train", 64, 0)
+    whole = tok.encode(SOURCE, add_special_tokens=False).ids
+    ids, starts = code.encode_lines(tok, SOURCE)
+    assert ids == whole and tok.decode(whole) == SOURCE
+    assert len(starts) == len(SOURCE.splitlines())
+    text = "def f():\n    return 'é ✓'\n"
+    assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+
+
+def test_training_rows(root, tmp_path):
+    folder = code.prepare(tmp_path / "corpus", root, vocab_size=400)
+    rows, tok = code.load_rows(folder, root, "train", 48, 0, fim_rate=1.0)
+    ids = code.special_ids(tok)
+    b = rows.batch(6)
+    assert b.ids.shape == (6, 48) and (b.ids[:, 0] == ids[code.BOS]).all() and b.prompt_len == 1
+    for row in b.ids.tolist():  # prefix-suffix-middle, each marker once, in that order
+        at = [row.index(ids[m]) for m in (code.FIM_PREFIX, code.FIM_SUFFIX, code.FIM_MIDDLE)]
+        assert at == sorted(at) and at[0] == 1
+    state = rows.state()
+    again = rows.batch(2)
+    rows.set_state(state)
+    assert rows.batch(2).ids.tolist() == again.ids.tolist()  # resumable
+    plain, _ = code.load_rows(folder, root, "train", 48, 0)
+    assert code.FIM_MIDDLE not in tok.decode(plain.batch(4).ids.flatten().tolist(), skip_special_tokens=False)
+
+
+def test_a_changed_corpus_file_is_refused(root, tmp_path):
+    folder = code.prepare(tmp_path / "corpus", root, vocab_size=400)
+    listed = json.loads((folder / "corpus.json").read_text())["files"]
+    victim = next(f["path"] for f in listed if f["split"] == "train")
+    original = (root / victim).read_text()
+    try:
+        (root / victim).write_text(original + "\n# changed\n")
+        with pytest.raises(UnmaskError, match=f"corpus file {victim} differs"):
+            code.load_rows(folder, root, "train", 48, 0)
+    finally:
+        (root / victim).write_text(original)
+    with pytest.raises(UnmaskError, match="not a Python standard library folder"):
+        code.stdlib_root(tmp_path)
+
+
+@pytest.mark.parametrize("kind,extra", [("diffusion", ["--span-rate", "0.5"]), ("ar", ["--fim-rate", "0.5"])])
+def test_a_code_model_trains_and_loads(root, tmp_path, kind, extra):
+    """A tiny run of each kind on the corpus: a checkpoint in the released layout with the
+    byte-level BPE tokenizer and the corpus manifest, which the loader reads like any other."""
+    from unmask.cli import main
+
+    out = tmp_path / kind
+    rc = main(["train", "--out", str(out), "--kind", kind, "--corpus", str(root), "--layers", "1", "--d-model", "32",
+               "--heads", "2", "--mlp", "64", "--gen-length", "32", "--batch", "4", "--steps", "2",
+               "--eval-every", "2", "--eval-n", "4", "--vocab-size", "400", "--quiet", *extra])
+    assert rc == 0
+    meta = json.loads((out / "model" / "training.json").read_text())
+    assert meta["corpus"]["version"] == code.CORPUS_VERSION and meta["history"][-1]["held_out"]["select_loss"] > 0
+    llm = LLM(str(out / "model"))
+    assert llm.arch.vocab_size == llm.tokenizer.vocab_size <= 400 and llm.arch.causal == (kind == "ar")
+    res = llm.generate("def add(a, b):\n", llm.default_params(gen_length=8)).results[0]
+    assert len(res.raw_ids) <= 8
+
+
+def test_code_training_settings_are_checked():
+    from unmask.train.trainer import TrainConfig
+
+    with pytest.raises(UnmaskError, match="fim_rate 0.5 must be in"):
+        TrainConfig(kind="diffusion", corpus="stdlib", fim_rate=0.5).check()
+    with pytest.raises(UnmaskError, match="span_rate 0.5 must be in"):
+        TrainConfig(kind="diffusion", span_rate=0.5).check()
+    with pytest.raises(UnmaskError, match="a code model is a diffusion model or its ar twin"):
+        TrainConfig(kind="block", corpus="stdlib").check()
