@@ -47,11 +47,19 @@ class RenoiseKV:
 
     @property
     def k(self) -> list[torch.Tensor | None]:
-        return [None if t is None else t[: self.n, :, : self.width[s]] for t, s in zip(self._k, self.sliding)]
+        return [self._held_kv(i)[0] for i in range(len(self.sliding))]
 
     @property
     def v(self) -> list[torch.Tensor | None]:
-        return [None if t is None else t[: self.n, :, : self.width[s]] for t, s in zip(self._v, self.sliding)]
+        return [self._held_kv(i)[1] for i in range(len(self.sliding))]
+
+    def _held_kv(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One layer's held K/V: views of the rows and slots in use."""
+        k, v = self._k[layer], self._v[layer]
+        if k is None:
+            return None, None
+        w = self.width[self.sliding[layer]]
+        return k[: self.n, :, :w], v[: self.n, :, :w]
 
     @property
     def pos(self) -> dict:
@@ -70,7 +78,7 @@ class RenoiseKV:
         """New slots' K/V (B, H, n, D) -> (keys, values, mask (B, 1, n, T)) to attend over; the
         layer's held K/V become the old ones and the new ones, truncated as the layer keeps them."""
         mask, order, width = self._write[self.sliding[layer]][:3]
-        old_k, old_v = self.k[layer], self.v[layer]
+        old_k, old_v = self._held_kv(layer)
         keys = k if old_k is None else torch.cat([old_k, k], 2)
         vals = v if old_v is None else torch.cat([old_v, v], 2)
         idx = order[:, None, :width, None].expand(-1, keys.shape[1], -1, keys.shape[3])
@@ -80,7 +88,7 @@ class RenoiseKV:
     def denoiser_keys(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """The canvas's K/V (B, H, L, D) -> (keys, values, mask or None): the held slots and the
         canvas, bidirectionally (padding masked)."""
-        old_k = self.k[layer]
+        old_k, old_v = self._held_kv(layer)
         if old_k is None:
             return k, v, None
         held = old_k.shape[2]
@@ -89,8 +97,9 @@ class RenoiseKV:
             keys, vals, mask = buf  # the held part is as the last step left it: only the canvas is new
             keys[:, :, held:], vals[:, :, held:] = k, v
             return keys, vals, mask
-        keys, vals = torch.cat([old_k, k], 2), torch.cat([self.v[layer], v], 2)
-        valid = self.valid[self.sliding[layer]]
+        keys, vals = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
+        s = self.sliding[layer]
+        valid = self._valid[s][: self.n, : self.width[s]]
         mask = None
         if not bool(valid.all()):
             mask = torch.cat([valid, valid.new_ones(valid.shape[0], k.shape[2])], 1)[:, None, None, :]

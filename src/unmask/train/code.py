@@ -28,7 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from unmask.errors import UnmaskError
-from unmask.train.data import BOS, EOS, MASK, PAD, SPECIALS, Batch
+from unmask.train.data import BOS, EOS, SPECIALS, Batch
 
 CORPUS = "cpython-stdlib"
 CORPUS_VERSION = "3.11.7"
@@ -194,5 +194,3 @@ def load_rows(folder: Path, root: str | Path | None, split: str, length: int, se
         files.append(encode_lines(tok, data.decode("utf-8")))
     return CodeRows(files, length, special_ids(tok), seed, fim_rate), tok
 
-
-__all__ = ["BOS", "CODE_SPECIALS", "CodeRows", "EOS", "MASK", "PAD", "prepare", "load_rows"]
