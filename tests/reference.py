@@ -197,16 +197,18 @@ def _select(logits, temperature, remasking, mask_index, x, quota, threshold, fac
     return get_transfer_index_dynamic(logits, temperature, remasking, mask_index, x, factor)
 
 
-def _canvas(prompt, gen_length, mask_id):
+def _canvas(prompt, gen_length, mask_id, suffix=None):
+    """The samplers' x: prompt + gen_length masks (+ `suffix`, the text after the hole, for
+    infilling: the one change to what x holds; the loops below are unchanged)."""
     x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long)
     x[:, : prompt.shape[1]] = prompt
-    return x
+    return x if suffix is None else torch.cat([x, suffix], 1)
 
 
 @torch.no_grad()
 def fastdllm_generate(model, prompt, steps, gen_length, block_length, temperature=0.0,
-                      remasking="low_confidence", mask_id=0, threshold=None, factor=None):
-    x = _canvas(prompt, gen_length, mask_id)
+                      remasking="low_confidence", mask_id=0, threshold=None, factor=None, suffix=None):
+    x = _canvas(prompt, gen_length, mask_id, suffix)
     num_blocks = gen_length // block_length
     spb = steps // num_blocks
     nfe = 0
@@ -231,8 +233,8 @@ def fastdllm_generate(model, prompt, steps, gen_length, block_length, temperatur
 
 @torch.no_grad()
 def fastdllm_prefix(model, prompt, steps, gen_length, block_length, temperature=0.0,
-                    remasking="low_confidence", mask_id=0, threshold=None, factor=None):
-    x = _canvas(prompt, gen_length, mask_id)
+                    remasking="low_confidence", mask_id=0, threshold=None, factor=None, suffix=None):
+    x = _canvas(prompt, gen_length, mask_id, suffix)
     num_blocks = gen_length // block_length
     spb = steps // num_blocks
     nfe = 0
@@ -262,9 +264,9 @@ def fastdllm_prefix(model, prompt, steps, gen_length, block_length, temperature=
 
 @torch.no_grad()
 def fastdllm_dual(model, prompt, steps, gen_length, block_length, temperature=0.0,
-                  remasking="low_confidence", mask_id=0, threshold=None, factor=None):
+                  remasking="low_confidence", mask_id=0, threshold=None, factor=None, suffix=None):
     """Latest upstream: at most steps_per_block forwards per block (masks can survive)."""
-    x = _canvas(prompt, gen_length, mask_id)
+    x = _canvas(prompt, gen_length, mask_id, suffix)
     num_blocks = gen_length // block_length
     spb = steps // num_blocks
     nfe = 0
@@ -293,9 +295,9 @@ def fastdllm_dual(model, prompt, steps, gen_length, block_length, temperature=0.
 
 @torch.no_grad()
 def llada_generate(model, prompt, steps, gen_length, block_length, temperature=0.0,
-                   remasking="low_confidence", mask_id=0):
+                   remasking="low_confidence", mask_id=0, suffix=None):
     """LLaDA official generate (no CFG, no attention mask)."""
-    x = _canvas(prompt, gen_length, mask_id)
+    x = _canvas(prompt, gen_length, mask_id, suffix)
     num_blocks = gen_length // block_length
     spb = steps // num_blocks
     for nb in range(num_blocks):

@@ -89,3 +89,37 @@ def test_compat_json_returns_whole_canvas(capsys, llada_dir):
     code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "--prompt-ids", "1,2,3",
                        "--gen-length", "16", "--block-length", "8", "--compat", "fast-dllm", "--json")
     assert code == 0 and len(json.loads(out)["generated_ids"][0]) == 16
+
+
+def test_generate_with_a_suffix_and_a_template(capsys, llada_dir, tmp_path):
+    """--suffix (the prompt is the text before the hole), --template (the prompt holds holes) and
+    --template-file print and report what the Python API returns."""
+    from unmask import LLM
+
+    llm = LLM(llada_dir)
+    code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "w1 w2", "--suffix", "w3 w4",
+                       "--gen-length", "8", "--block-length", "8", "--json")
+    want = llm.generate("w1 w2", llm.default_params(gen_length=8, block_length=8), suffix="w3 w4", chat=False)
+    assert code == 0 and json.loads(out)["text"] == [want.results[0].text]
+    template = "w1 w2 <|hole:4|> w5 w6 <|hole:3|> w7"
+    code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "--template", template, "--json")
+    obj, res = json.loads(out), llm.infill(template, llm.default_params()).results[0]
+    assert code == 0 and obj["holes"] == [res.holes]
+    assert obj["filled"] == [f"w1 w2 {res.holes[0]} w5 w6 {res.holes[1]} w7"]
+    path = tmp_path / "t.txt"
+    path.write_text(template)
+    code, out, _ = run(capsys, "generate", "--model", str(llada_dir), "--template-file", str(path))
+    assert code == 0 and out.strip() == obj["filled"][0]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--suffix", "w3", "--prompt-ids", "1,2"], "--suffix goes with a text prompt"),
+    (["--template"], "give the prompt text"),
+    (["w1", "--template-file", "x.txt"], "--template-file is the whole input"),
+    (["--template-file", "/nonexistent/t.txt"], "cannot read it as UTF-8 text"),
+    (["--template", "w1 w2"], "template has no hole"),
+    (["--template", "w1 <|hole:2|> w2 <|hole:2|>", "--policy", "edit"], "could rewrite the fixed text"),
+])
+def test_infilling_flag_errors(capsys, llada_dir, args, needle):
+    code, _, err = run(capsys, "generate", "--model", str(llada_dir), *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1

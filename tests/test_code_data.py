@@ -112,6 +112,19 @@ def test_a_code_model_trains_and_loads(root, tmp_path, kind, extra):
     assert llm.arch.vocab_size == llm.tokenizer.vocab_size <= 400 and llm.arch.causal == (kind == "ar")
     res = llm.generate("def add(a, b):\n", llm.default_params(gen_length=8)).results[0]
     assert len(res.raw_ids) <= 8
+    # infilling: natively for the diffusion model, prefix-suffix-middle (as the twin was trained)
+    # for the autoregressive one, whose tokenizer carries the fill-in-the-middle markers
+    p = llm.default_params(gen_length=8)
+    filled = llm.generate("def add(a, b):\n", p, suffix="    return c\n").results[0]
+    tok, ids = llm.tokenizer, llm.token_ids
+    assert ids.fim is not None  # (both tokenizers carry the markers; only the causal twin is laid out with them)
+    if kind == "ar":
+        pre, suf, mid = (tok.token_id(m) for m in (code.FIM_PREFIX, code.FIM_SUFFIX, code.FIM_MIDDLE))
+        assert ids.fim == (pre, suf, mid)
+        prompt = tok.encode("def add(a, b):\n")
+        head = prompt[:1] if prompt[0] == ids.bos else []
+        psm = head + [pre] + prompt[len(head):] + [suf] + tok.encode("    return c\n", add_special_tokens=False) + [mid]
+        assert filled.raw_ids == llm.generate([psm], p).results[0].raw_ids
 
 
 def test_code_training_settings_are_checked():

@@ -9,12 +9,13 @@ from unmask import GenerationParams, UnmaskError
 
 
 def _reference_infill(model, mask_id: int, prefix: list[int], suffix: list[int], gen_length: int,
-                      block_length: int, steps: int) -> list[int]:
-    """LLaDA's `generate` loop (greedy, low-confidence remasking, even schedule per block) on the
-    canvas prefix + masks + suffix, one row, no cache: written here from the reference's rules,
-    independently of the engine."""
+                      block_length: int, steps: int, region: list[int] | None = None) -> list[int]:
+    """LLaDA's `generate` loop (greedy, low-confidence remasking, even schedule per block over
+    the block's masks) on the canvas prefix + masks + suffix (or prefix + `region` + suffix, a
+    region holding fixed text between holes), one row, no cache: written here from the
+    reference's rules, independently of the engine."""
     P = len(prefix)
-    x = torch.tensor([prefix + [mask_id] * gen_length + suffix])
+    x = torch.tensor([prefix + (region if region is not None else [mask_id] * gen_length) + suffix])
     pos = torch.arange(x.shape[1])[None]
     blocks = gen_length // block_length
     spb = steps // blocks
@@ -71,9 +72,6 @@ def test_models_that_cannot_see_a_suffix_refuse_it(llada, embedded_ar, embedded_
         embedded_ar.generate([[5, 6]], embedded_ar.default_params(gen_length=8), suffix=[[7]])
     with pytest.raises(UnmaskError, match="block-diffusion model attends to earlier blocks only"):
         embedded_block.generate([[5, 6]], embedded_block.default_params(gen_length=8), suffix=[[7]])
-    with pytest.raises(UnmaskError, match="compat 'llada' reproduces a prompt-only sampler"):
-        llada.generate([[5, 6]], GenerationParams(compat="llada", gen_length=8, block_length=8, steps=8),
-                       suffix=[[7]])
     mask = llada.token_ids.mask
     with pytest.raises(UnmaskError, match=f"suffix contains the mask token id {mask}"):
         llada.generate([[5, 6]], p, suffix=[[7, mask]])
@@ -83,3 +81,74 @@ def test_models_that_cannot_see_a_suffix_refuse_it(llada, embedded_ar, embedded_
         llada.generate([[5, 6], [7]], p, suffix=[[7]])
     with pytest.raises(UnmaskError, match="outside the vocabulary"):
         llada.generate([[5, 6]], p, suffix=[[10**6]])
+
+
+# ---- templates: several holes in one text ----------------------------------------------------------
+
+TEMPLATE = "w1 w2 w3 <|hole:4|> w5 w6 <|hole:3|> w7 w8"
+
+
+def test_a_template_decodes_its_holes_as_one_block_over_the_masks(llada):
+    """Several holes: the region (first hole to last, fixed text between) decodes as one block
+    whose schedule covers the hole positions; equal to the reference loop on that canvas."""
+    from unmask import holes
+
+    mask = llada.token_ids.mask
+    t = holes.encode(llada.tokenizer, TEMPLATE, mask, 8)
+    assert len(t.region) == 4 + 2 + 3 and t.holes == ((0, 4), (6, 9)) and t.fill == t.region
+    out = llada.infill(TEMPLATE, GenerationParams(policy="fixed", early_stop=True))
+    res = out.results[0]
+    ref = _reference_infill(llada.model, mask, t.prompt, t.suffix, 9, 9, 7, region=t.region)
+    assert res.raw_ids == ref
+    assert res.raw_ids[4:6] == t.region[4:6]  # the fixed text is never touched
+    assert mask not in res.raw_ids and res.nfe == 7  # one token per step over the 7 hole positions
+    assert len(res.holes) == 2 and " w5 w6 " in f" {res.text} "
+    half = llada.infill(TEMPLATE, GenerationParams(policy="fixed", gen_length=8, steps=4)).results[0]
+    assert half.nfe == 4  # the given tokens per step (steps / gen_length = 1/2) on 7 masks
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "adaptive"])
+def test_templates_under_every_cache_refreshed_each_step_equal_no_cache(llada, cache):
+    p = dict(policy="threshold", threshold=0.3, early_stop=False)
+    base = llada.infill([TEMPLATE, "w9 <|hole:2|> w4 <|hole:5|> w3"], GenerationParams(**p))
+    every = llada.infill([TEMPLATE, "w9 <|hole:2|> w4 <|hole:5|> w3"],
+                         GenerationParams(cache=cache, refresh_interval=1, **p))
+    assert [r.raw_ids for r in every.results] == [r.raw_ids for r in base.results]
+    cached = llada.infill(TEMPLATE, GenerationParams(cache=cache, **p)).results[0]
+    assert llada.token_ids.mask not in cached.raw_ids
+
+
+def test_one_hole_templates_are_prompt_hole_suffix(llada):
+    p = GenerationParams(gen_length=8, block_length=4, steps=8)
+    one = llada.infill("w1 w2 <|hole|> w3 w4", p).results[0]
+    plain = llada.generate("w1 w2", p, suffix="w3 w4", chat=False).results[0]
+    assert one.raw_ids == plain.raw_ids and one.holes == [plain.text]
+    at_end = llada.infill("w1 w2 <|hole:4|>", p).results[0]
+    assert at_end.raw_ids == llada.generate("w1 w2", GenerationParams(gen_length=4, block_length=4, steps=4),
+                                            chat=False).results[0].raw_ids
+
+
+def test_hole_texts_are_cut_at_their_end_of_text():
+    from unmask import holes
+
+    t = holes.Template([1], [0, 0, 0, 7, 0, 0], [], ((0, 3), (4, 6)))
+    assert holes.hole_ids(t, [5, 9, 6, 7, 8, 9], [9]) == [[5], [8]]
+    assert holes.region_ids(t, [[5], [8]]) == [5, 7, 8]
+    assert holes.fill_in("a <|hole:3|> b <|hole|> c", ["x", "y"]) == "a x b y c"
+
+
+def test_template_refusals(llada, embedded_block):
+    with pytest.raises(UnmaskError, match="revises committed tokens and could rewrite the fixed text"):
+        llada.infill(TEMPLATE, GenerationParams(policy="remdm"))
+    with pytest.raises(UnmaskError, match="block-diffusion model attends to earlier blocks only"):
+        embedded_block.infill("copy : red <|hole:4|> owl")
+    with pytest.raises(UnmaskError, match="compat 'llada' reproduces a sampler's batch of one shape"):
+        llada.infill(TEMPLATE, GenerationParams(compat="llada", gen_length=8, block_length=8, steps=8))
+    for bad, needle in [("w1 <|hole:x|>", "is not a hole marker"), ("<|hole:3|> w1", "text before the first hole"),
+                        ("w1 w2", "template has no hole"), ("w1 <|hole:0|>", "has no room"),
+                        ("w1 <|hole:3|> banana", "not in the vocabulary: 'banana'"),
+                        ("w1 <|hole:600|>", "exceeds the model's maximum")]:
+        with pytest.raises(UnmaskError, match=needle):
+            llada.infill(bad)
+    with pytest.raises(UnmaskError, match="template 1: "):
+        llada.infill(["w1 <|hole:2|>", "w1 w2"])

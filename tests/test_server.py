@@ -603,3 +603,64 @@ def test_adaptive_cache_settings_pass_through(llm, server):
                             refresh_below=0.8, refresh_tokens=5, refresh_scope="canvas")
     r = httpx.post(server.url + "/v1/completions", json={**body, "cache": "dual"}, timeout=60)
     assert r.status_code == 400 and "refresh_tokens 5" in r.json()["error"]["message"]
+
+
+# ---- infilling: OpenAI's suffix and unmask's templates -------------------------------------------
+
+SUFFIX = '"score" : 6 5 , "name" : "liz" }'
+TEMPLATE = 'json : color green score 6 5 name liz <|hole:6|> , "score" : 6 5 , <|hole:8|>'
+
+
+def test_suffix_streamed_equals_whole_equals_llm_generate(llm, client):
+    prompt = "json : color green score 6 5 name liz"
+    plain = client.completions.create(model="default", prompt=prompt, suffix=SUFFIX, max_tokens=8)
+    chunks = list(client.completions.create(model="default", prompt=prompt, suffix=SUFFIX, max_tokens=8, stream=True))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    offline = llm.generate([prompt], llm.default_params(gen_length=8), suffix=SUFFIX).results[0]
+    assert plain.choices[0].text == streamed == offline.text
+    without = client.completions.create(model="default", prompt=prompt, max_tokens=8).choices[0].text
+    assert plain.usage.prompt_tokens == len(llm.encode(prompt, chat=False)[0]) + len(SUFFIX.split())
+    assert plain.choices[0].text != without or plain.choices[0].finish_reason == "length"
+
+
+def test_template_streamed_equals_whole_equals_llm_infill(llm, client):
+    body = {"model": "default", "prompt": TEMPLATE, "template": True}
+    whole = httpx.post(client.base_url.join("completions").__str__(), json=body, timeout=60).json()
+    offline = llm.infill(TEMPLATE, llm.default_params()).results[0]
+    choice = whole["choices"][0]
+    assert choice["text"] == offline.text and choice["holes"] == offline.holes
+    assert ', "score" : 6 5 ,' in choice["text"]  # the fixed text between the holes, in place
+    with httpx.stream("POST", client.base_url.join("completions").__str__(), json=dict(body, stream=True),
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == choice["text"]
+    assert events[-1]["choices"][0]["holes"] == offline.holes
+    assert whole["usage"]["completion_tokens"] == len(offline.token_ids)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": "json : color", "suffix": "<|mdm_mask|>"}, "special token text"),
+    ({"prompt": "json : color", "suffix": "banana"}, "not in the vocabulary: 'banana'"),
+    ({"prompt": TEMPLATE, "template": True, "suffix": "x"}, "give a suffix or a template, not both"),
+    ({"prompt": TEMPLATE, "template": True, "stop": ["x"]}, "stop strings do not apply to a template"),
+    ({"prompt": "json : <|hole:0|>", "template": True}, "has no room"),
+    ({"prompt": "json : color", "template": True}, "template has no hole"),
+    ({"prompt": TEMPLATE, "template": True, "policy": "edit"}, "could rewrite the fixed text"),
+])
+def test_infilling_errors(server, body, needle):
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert needle in r.json()["error"]["message"]
+
+
+def test_a_model_that_cannot_see_a_suffix_refuses_it_by_name(embedded_ar):
+    s = Server(embedded_ar, served_model_name="ar")
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red", "suffix": "owl"}, timeout=30)
+        assert r.status_code == 400 and "autoregressive model attends to earlier tokens only" in r.text
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red <|hole:4|> owl", "template": True})
+        assert r.status_code == 400 and "autoregressive model attends to earlier tokens only" in r.text
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red 4 owl <|hole:4|>", "template": True})
+        assert r.status_code == 200 and r.json()["choices"][0]["holes"]  # a hole at the end: any model
+    finally:
+        s.stop()

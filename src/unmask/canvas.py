@@ -36,24 +36,42 @@ class Canvas:
     columns in every row; padding is masked out of attention and positions count from each
     row's first real token (`left_padded`). Finished rows leave the batch through `select_rows`."""
 
-    x: torch.Tensor  # (B, L) token ids: [pad.. prompt | gen_length masks]
+    x: torch.Tensor  # (B, L) token ids: [pad.. prompt | gen_length masks | suffix ..pad]
     positions: torch.Tensor  # (B, L) RoPE positions
     key_mask: torch.Tensor | None  # (B, L) True = real token; None when no row is padded
     rows: torch.Tensor  # (B,) index of each row in the original batch
     prompt_len: int  # P, columns before the generation region
+    region_end: int  # P + gen_length: the columns after it hold the suffix (infilling)
 
     @classmethod
     def build(
-        cls, prompts: list[list[int]], gen_length: int, mask_id: int, pad_id: int, device: torch.device
+        cls, prompts: list[list[int]], gen_length: int, mask_id: int, pad_id: int, device: torch.device,
+        suffixes: list[list[int]] | None = None,
     ) -> "Canvas":
+        """`suffixes`: fixed text after each row's hole (infilling), right-padded to the longest
+        and masked out of attention where padded; positions continue through it."""
         x, positions, key_mask = left_padded(prompts, gen_length, pad_id, mask_id)
+        P = x.shape[1] - gen_length
+        S = max((len(t) for t in suffixes), default=0) if suffixes else 0
+        if S:
+            lengths = torch.tensor([len(t) for t in suffixes])
+            tail = torch.full((len(prompts), S), pad_id, dtype=torch.long)
+            for r, t in enumerate(suffixes):  # host-side setup, once per batch
+                tail[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+            x = torch.cat([x, tail], 1)
+            positions = torch.cat([positions, positions[:, -1:] + 1 + torch.arange(S)[None, :]], 1)
+            real = torch.arange(S)[None, :] < lengths[:, None]
+            if key_mask is not None or not bool(real.all()):
+                head = key_mask if key_mask is not None else torch.ones(len(prompts), P + gen_length, dtype=torch.bool)
+                key_mask = torch.cat([head, real], 1)
         to = dict(device=device)
         return cls(
             x.to(**to),
             positions.to(**to),
             None if key_mask is None else key_mask.to(**to),
             torch.arange(len(prompts), device=device),
-            x.shape[1] - gen_length,
+            P,
+            P + gen_length,
         )
 
     @property

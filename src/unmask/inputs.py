@@ -41,9 +41,10 @@ def encode(tokenizer: Tokenizer, prompts: str | list[str], chat: bool | None = N
     return out
 
 
-def suffix_ids(tokenizer: Tokenizer, suffix, prompts, n: int) -> list[list[int]] | None:
+def suffix_ids(tokenizer: Tokenizer, suffix, prompts, n: int, unknown_words: str = "error") -> list[list[int]] | None:
     """The text after each prompt's hole (infilling), as token ids without special tokens: a
-    string for a single text prompt, or one string or id list per prompt. None: no suffix."""
+    string for a single text prompt, or one string or id list per prompt. None: no suffix.
+    Unknown words: as for prompts (`encode`)."""
     if suffix is None:
         return None
     if isinstance(suffix, str):
@@ -56,6 +57,9 @@ def suffix_ids(tokenizer: Tokenizer, suffix, prompts, n: int) -> list[list[int]]
     out = []
     for r, s in enumerate(suffix):
         if isinstance(s, str):
+            unknown = tokenizer.unknown_words(s) if unknown_words == "error" else []
+            if unknown:
+                raise UnmaskError(f"suffix {r}: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}")
             out.append(tokenizer.encode(s, add_special_tokens=False))
         elif isinstance(s, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                   for t in s):
@@ -102,26 +106,69 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
                  prompt_len: int) -> None:
     """Text after the hole (infilling): only a full-attention masked model sees it (a block,
     causal or renoising model attends left to right, or over its own canvas), natively (a
-    reference mode reproduces a prompt-only sampler); ids inside the vocabulary, no mask token,
+    LLaDA's, Fast-dLLM v1's and Dream's reference modes decode it as their samplers decode a
+    canvas holding it; the others reproduce prompt-only samplers); ids inside the vocabulary, no mask token,
     the canvas within the model's positions."""
     if not suffix:
         return
-    if arch.kind != "full":
+    if arch.kind == "causal" and tokens.fim is not None:  # laid out prefix-suffix-middle (`layout`)
+        pass
+    elif arch.kind != "full":
         what = {"block": "a block-diffusion model attends to earlier blocks only",
-                "causal": "an autoregressive model attends to earlier tokens only",
+                "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
+                          "fill-in-the-middle tokens)",
                 "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
         raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
                           f"{arch.family} model cannot see it: {what}")
-    if params.compat is not None:
-        raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively")
+    if params.compat is not None and get_mode(params.compat).loop != "lockstep":
+        raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively "
+                          "(or with compat llada, fast-dllm or dream, whose samplers decode any canvas)")
     bad = [t for t in suffix if not 0 <= t < arch.vocab_size]
     if bad:
         raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
     if tokens.mask in suffix:
         raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
-    if prompt_len + params.gen_length + len(suffix) > arch.max_positions:
+    extra = 3 if arch.kind == "causal" else 0  # the three fill-in-the-middle markers
+    if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
                           f"exceeds the model's maximum of {arch.max_positions} positions")
+
+
+def check_fill(fill: list[int] | None, params: GenerationParams, arch: ArchConfig, tokens: TokenIds,
+               revises: bool) -> None:
+    """A generated region that starts with fixed text between holes (a template with several
+    holes, unmask.holes): a full-attention masked model's, natively, one block over the region
+    (its schedule spreads over the holes), a policy that never revises committed tokens (it could
+    rewrite the fixed text), ids inside the vocabulary."""
+    if fill is None:
+        return
+    if arch.kind != "full":
+        raise UnmaskError(f"several holes need a full-attention masked diffusion model; this {arch.family} model "
+                          "attends left to right (give one hole at the end of the text)")
+    if len(fill) != params.gen_length:
+        raise UnmaskError(f"the region's {len(fill)} tokens differ from gen_length {params.gen_length}")
+    if params.block_length != params.gen_length:
+        raise UnmaskError(f"block_length {params.block_length}: several holes decode their region of "
+                          f"{params.gen_length} tokens as one block")
+    if tokens.mask not in fill:
+        raise UnmaskError("the region has no hole (no mask id)")
+    if revises:
+        raise UnmaskError(f"policy {params.policy!r} revises committed tokens and could rewrite the fixed text "
+                          "between holes; use a policy that only commits (threshold, fixed, factor, ...)")
+    bad = [t for t in fill if not 0 <= t < arch.vocab_size]
+    if bad:
+        raise UnmaskError(f"region: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
+
+
+def layout(prompt: list[int], suffix: list[int], arch: ArchConfig, tokens: TokenIds) -> tuple[list[int], list[int]]:
+    """(prompt, suffix) as the model reads them: an autoregressive model with fill-in-the-middle
+    tokens gets prefix-suffix-middle, [BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>,
+    and writes the middle (as it was trained: unmask.train.code); any other model unchanged."""
+    if not suffix or arch.kind != "causal" or tokens.fim is None:
+        return prompt, suffix
+    pre, suf, mid = tokens.fim
+    head = [prompt[0]] if prompt and prompt[0] == tokens.bos else []
+    return head + [pre] + prompt[len(head):] + [suf] + suffix + [mid], []
 
 
 def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConfig, tokens: TokenIds) -> None:

@@ -17,6 +17,7 @@ import torch
 from unmask.accept import accept, refuse_unused_renoising
 from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
+from unmask import holes as holes_
 from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
@@ -226,6 +227,49 @@ class LLM:
         """Text prompts as token ids (unmask.inputs.encode)."""
         return encode(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
 
+    def _params(self, params: GenerationParams | dict | None) -> GenerationParams:
+        if params is None:
+            return self.default_params()
+        if isinstance(params, dict):  # GenerationParams' fields by name, then the model's defaults
+            return self.default_params(**params)
+        return self.accept(params)
+
+    def infill(self, templates: str | list[str], params: GenerationParams | dict | None = None) -> BatchOutput:
+        """Fill the holes of text templates (unmask.holes: `<|hole:N|>` markers, `<|hole|>` one of
+        gen_length tokens). Each result's `holes` holds its holes' texts and `text` the region from
+        the first hole to the last with them filled. One hole at the end of the text runs on every
+        model; text after a hole needs a full-attention masked model (inputs.check_suffix)."""
+        if not isinstance(params, GenerationParams):  # (given ones are accepted in the template's shape)
+            params = self._params(params)
+        if params.compat is not None:
+            raise UnmaskError(f"compat {params.compat!r} reproduces a sampler's batch of one shape; templates decode "
+                              "natively (for a reference sampler give the prompt and suffix to generate)")
+        texts = [templates] if isinstance(templates, str) else templates
+        if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
+            raise UnmaskError("templates must be a string or a non-empty list of strings")
+        items = []
+        for r, text in enumerate(texts):
+            try:
+                t = holes_.encode(self.tokenizer, text, self.token_ids.mask, params.gen_length)
+                p = self.accept(holes_.params_for(params, t))
+                check_prompts([t.prompt], p, self.arch, self.token_ids)
+                check_suffix(t.suffix, p, self.arch, self.token_ids, len(t.prompt))
+            except UnmaskError as e:
+                raise UnmaskError(f"template {r}: {e}" if len(texts) > 1 else str(e)) from None
+            items.append((t, p))
+        out = self._generate_engine([t.prompt for t, _ in items], [p for _, p in items],
+                                    [t.suffix for t, _ in items], [t.fill for t, _ in items], lockstep=True)
+        out.results = [self.template_result(t, res) for (t, _), res in zip(items, out.results)]
+        return out
+
+    def template_result(self, t: holes_.Template, res: GenerationResult) -> GenerationResult:
+        """A decoded region as a template's result (GenerationResult.holes)."""
+        ids = holes_.hole_ids(t, res.raw_ids, self.token_ids.stop)
+        stops = sum(len(h) < e - s for h, (s, e) in zip(ids, t.holes))
+        return replace(res, text=self.tokenizer.decode(holes_.region_ids(t, ids)), token_ids=sum(ids, []),
+                       holes=[self.tokenizer.decode(h) for h in ids], hole_stops=stops,
+                       finish_reason="stop" if stops == len(t.holes) else "length")
+
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
                  chat: bool | None = None, unknown_words: str = "error", suffix=None) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
@@ -234,42 +278,39 @@ class LLM:
         after the hole (infilling: the prompt is the text before it, gen_length the hole), one
         per prompt (a string or ids; a string for a single text prompt); full-attention masked
         models only (unmask.inputs.check_suffix)."""
-        if params is None:
-            params = self.default_params()
-        elif isinstance(params, dict):  # GenerationParams' fields by name, then the model's defaults
-            params = self.default_params(**params)
-        else:
-            params = self.accept(params)
+        params = self._params(params)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
-        tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids))
+        tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
         if tails is not None:
             for p, s in zip(ids, tails):
                 check_suffix(s, params, self.arch, self.token_ids, len(p))
-            if self.ranks is not None:
-                raise UnmaskError("a suffix is not served under tensor parallelism yet")
-            return self._generate_engine(ids, params, tails)
+            if params.compat is None:
+                return self._generate_engine(ids, params, tails, lockstep=True)
         if self.ranks is not None:  # every rank runs the same generation over its shard
-            return run_spmd(self.ranks, ("generate", ids, params), lambda: self._generate_ids(ids, params))
-        return self._generate_ids(ids, params)
+            return run_spmd(self.ranks, ("generate", ids, params, tails), lambda: self._generate_ids(ids, params, tails))
+        return self._generate_ids(ids, params, tails)
 
     def generate_batches(self, prompts: list, params: GenerationParams, batch_size: int, chat: bool | None = False,
-                         unknown_words: str = "error", progress=None) -> list[BatchOutput]:
+                         unknown_words: str = "error", progress=None, suffixes: list | None = None) -> list[BatchOutput]:
         """`prompts` decoded `batch_size` at a time: one BatchOutput per batch, in order;
-        `progress(k)` after each batch of k prompts. (unmask.bench.data_parallel spreads the
-        batches over Ray Data actors with the same results.)"""
+        `progress(k)` after each batch of k prompts; `suffixes`: one per prompt (infilling).
+        (unmask.bench.data_parallel spreads the batches over Ray Data actors with the same results.)"""
         outs = []
         for i in range(0, len(prompts), batch_size):
-            outs.append(self.generate(prompts[i : i + batch_size], params, chat=chat, unknown_words=unknown_words))
+            tails = None if suffixes is None else list(suffixes[i : i + batch_size])
+            outs.append(self.generate(list(prompts[i : i + batch_size]), params, chat=chat, unknown_words=unknown_words,
+                                      suffix=tails))
             if progress:
                 progress(len(outs[-1].results))
         return outs
 
-    def _generate_ids(self, ids: list[list[int]], params: GenerationParams) -> BatchOutput:
+    def _generate_ids(self, ids: list[list[int]], params: GenerationParams,
+                      suffixes: list[list[int]] | None = None) -> BatchOutput:
         if params.compat is None:
-            return self._generate_engine(ids, params)
+            return self._generate_engine(ids, params, suffixes)
         t0 = time.perf_counter()
-        decoded = run_reference(self.model, self.token_ids, ids, params)
+        decoded = run_reference(self.model, self.token_ids, ids, params, suffixes)
         seconds = time.perf_counter() - t0
         ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
         edits = decoded.row_edits or [[] for _ in decoded.rows]
@@ -290,12 +331,19 @@ class LLM:
         (it proposes, this model verifies), renoising canvases, or masked diffusion."""
         return Engine(self.model, self.token_ids, config, drafter=self.drafter)
 
-    def _generate_engine(self, ids: list[list[int]], params: GenerationParams,
-                         suffixes: list[list[int]] | None = None) -> BatchOutput:
-        """Offline generation is "add every request, step until done" on the serving engine."""
-        engine = self._engine(EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None))
+    def _generate_engine(self, ids: list[list[int]], params: GenerationParams | list[GenerationParams],
+                         suffixes: list[list[int]] | None = None, fills: list | None = None,
+                         lockstep: bool = False) -> BatchOutput:
+        """Offline generation is "add every request, step until done" on the serving engine.
+        `params`: one for every prompt, or one each. `lockstep`: under tensor parallelism, on
+        rank 0's engine replayed on the other ranks (else every rank runs this same call)."""
+        each = params if isinstance(params, list) else [params] * len(ids)
+        params = each[0]
+        config = EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None)
+        engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
-        reqs = [engine.add_request(p, params, suffix=None if suffixes is None else suffixes[r])
+        reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],
+                                   fill=None if fills is None else fills[r])
                 for r, p in enumerate(ids)]
         while engine.has_unfinished():
             engine.step()

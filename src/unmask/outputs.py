@@ -19,12 +19,18 @@ class GenerationResult:
     edits: int = 0  # committed tokens this row's policy replaced by others (token-to-token editing)
     remasked: int = 0  # committed tokens this row's policy masked again (remasking)
     draft_forwards: int = 0  # speculative decoding: drafter forwards (nfe counts the target's forwards)
+    # a template (LLM.infill): each hole's text, cut at its end of text; `text` is then the region
+    # with the holes filled (fixed text between them kept), `token_ids` the holes' ids, and
+    # `hole_stops` how many holes ended with an end of text (finish_reason "stop": all of them)
+    holes: list[str] | None = None
+    hole_stops: int = 0
 
     @property
     def num_tokens(self) -> int:
-        """Generated tokens up to and including end of text: the count behind every tokens/s and
-        tokens-per-forward figure (the end-of-text padding after it is never counted)."""
-        return len(self.token_ids) + (self.finish_reason == "stop")
+        """Generated tokens up to and including end of text (of each hole, for a template): the
+        count behind every tokens/s and tokens-per-forward figure (the end-of-text padding after
+        it is never counted)."""
+        return len(self.token_ids) + (self.hole_stops if self.holes is not None else self.finish_reason == "stop")
 
     @property
     def tokens_per_forward(self) -> float:

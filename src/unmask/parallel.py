@@ -258,10 +258,10 @@ class LockstepEngine:
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished()
 
-    def add_request(self, prompt, params, request_id=None, watch=False):
+    def add_request(self, prompt, params, request_id=None, watch=False, suffix=None, fill=None):
         with self._ranks.lock:
-            req = self._engine.add_request(prompt, params, request_id, watch)
-            self._ranks.queue(("add", self._id, list(prompt), params, req.id, watch))
+            req = self._engine.add_request(prompt, params, request_id, watch, suffix=suffix, fill=fill)
+            self._ranks.queue(("add", self._id, list(prompt), params, req.id, watch, req.suffix, req.fill))
             return req
 
     def abort(self, request_id: str) -> bool:
@@ -373,8 +373,8 @@ def _apply(llm, engines: dict, cmd: tuple) -> None:
     elif kind == "close":
         engines.pop(cmd[1], None)
     elif kind == "add":
-        _, eid, prompt, params, rid, watch = cmd
-        engines[eid].add_request(prompt, params, rid, watch)
+        _, eid, prompt, params, rid, watch, suffix, fill = cmd
+        engines[eid].add_request(prompt, params, rid, watch, suffix=suffix, fill=fill)
     elif kind == "abort":
         engines[cmd[1]].abort(cmd[2])
     elif kind == "release":

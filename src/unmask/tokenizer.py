@@ -22,6 +22,8 @@ _QWEN2_SPLIT = (
 )
 _MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "|<MASK>|", "<|MASK|>", "[MASK]", "<mask>")
 _END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")
+# fill-in-the-middle markers as Qwen2.5-Coder and unmask's code models spell them, and as StarCoder does
+_FIM_STRINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 
 
 def _content(tok) -> str | None:
@@ -198,10 +200,13 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer, nee
     stop |= set(_ids(tok.token_id(tok.special("eos_token"))))
     stop |= {i for i in (tok.token_id(s) for s in _END_OF_TURN_STRINGS) if i is not None}
     stop.discard(mask)
+    fim = next((ids for ids in ([tok.token_id(s) for s in names] for names in _FIM_STRINGS)
+                if all(i is not None for i in ids)), None)
     return TokenIds(
         mask=None if mask is None else int(mask),
         eos=eos_list[0],
         pad=pad[0] if pad else None,
         bos=bos[0] if bos else None,
         stop=tuple(sorted(stop)),
+        fim=None if fim is None else tuple(int(i) for i in fim),
     )

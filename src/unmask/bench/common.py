@@ -22,12 +22,14 @@ class Batched:
     seconds: float  # decoding time: every forward and the loop; tokenisation excluded
 
 
-def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=None) -> Batched:
+def generate_batched(llm, prompts: list[str], params, batch_size: int, progress=None,
+                     suffixes: list[str] | None = None) -> Batched:
     """Plain-text prompts (no chat template) decoded `batch_size` at a time; `progress(k)` after
-    each batch of k prompts."""
+    each batch of k prompts; `suffixes`: the text after each prompt's hole (infilling)."""
     warn_unknown_words(llm, prompts)
     results, seconds = [], 0.0
-    for out in llm.generate_batches(prompts, params, batch_size, chat=False, unknown_words="ignore", progress=progress):
+    for out in llm.generate_batches(prompts, params, batch_size, chat=False, unknown_words="ignore", progress=progress,
+                                    suffixes=suffixes):
         seconds += out.seconds
         results += out.results
     tokens = sum(r.num_tokens for r in results)

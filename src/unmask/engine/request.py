@@ -61,6 +61,9 @@ class Request:
     finished: float | None = None
     watch: bool = False  # report the whole canvas and this step's proposals (the playground)
     suffix: list[int] = field(default_factory=list)  # fixed text after the hole (infilling; full-attention models)
+    # the generated region's starting tokens when it holds fixed text between holes (a template
+    # with several holes, unmask.holes): the mask id at each hole position; None: all masks
+    fill: list[int] | None = None
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:

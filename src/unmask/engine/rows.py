@@ -225,7 +225,7 @@ class RowState(Rows):
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.n, steps_width - self.quota.shape[1])], 1)
         x = torch.full((1, self.cap + 1), self.pad_id, dtype=torch.long)
         x[0, :P] = torch.tensor(req.prompt)
-        x[0, P:L] = mask_id
+        x[0, P:L] = mask_id if req.fill is None else torch.tensor(req.fill)
         if req.suffix:
             x[0, L:T] = torch.tensor(req.suffix)
         pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
@@ -238,7 +238,8 @@ class RowState(Rows):
             **{name: [init(P, align)] for name, init in cache.row_state.items()},
             x=x, pos=pos, L=L, T=T, P=P, blk=p.block_length, spb=p.steps_per_block,
             tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
-            cfg=cfg_id, early=req.parts.early_stop,
+            # a template's row runs to the end of its region: an end of text ends a hole, not the row
+            cfg=cfg_id, early=req.parts.early_stop and req.fill is None,
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
         if cfg_id not in self.distinct:
@@ -246,17 +247,20 @@ class RowState(Rows):
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))
 
     def start_blocks(self, rows: torch.Tensor) -> None:
-        """LLaDA's even schedule for rows entering a new (all-masked) block (sampler.schedule);
-        rows of a block model take as many steps as their tokens per step need. `rows`: indices,
-        or an (n,) bool (tensor code over every row: no read-back to find them)."""
+        """LLaDA's even schedule over the masks of the block each row enters (sampler.schedule;
+        every position of a block but a template's fixed text between holes); rows of a block
+        model take as many steps as their tokens per step need. `rows`: indices, or an (n,) bool
+        (tensor code over every row: no read-back to find them)."""
+        cols = torch.arange(self.cap + 1, device=self.device)[None, :]
+        masks = ((self.x == self.mask_id) & (cols >= self.s[:, None]) & (cols < self.e[:, None])).sum(-1)
         if rows.dtype == torch.bool:
-            blk, tps = self.e - self.s, self.tps
+            blk, tps = masks, self.tps
             spb = torch.where(tps > 0, (blk + tps - 1) // tps.clamp(min=1), self.spb)
             self.spb = torch.where(rows, spb, self.spb)
             split = even_split(blk, spb.clamp(min=1), self.quota.shape[1])  # (rows not starting: unused)
             self.quota = torch.where(rows[:, None], split, self.quota)
             return
-        blk, tps = self.e[rows] - self.s[rows], self.tps[rows]
+        blk, tps = masks[rows], self.tps[rows]
         spb = torch.where(tps > 0, (blk + tps - 1) // tps.clamp(min=1), self.spb[rows])
         self.spb[rows] = spb
         self.quota[rows] = even_split(blk, spb, self.quota.shape[1])

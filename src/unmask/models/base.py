@@ -168,6 +168,9 @@ class TokenIds:
     bos: int | None = None
     # every id that ends a generation (EOS, end-of-turn, ...); EOS is always included
     stop: tuple[int, ...] = field(default=())
+    # fill-in-the-middle markers (prefix, suffix, middle) when the tokenizer has them: an
+    # autoregressive model trained prefix-suffix-middle infills through them (inputs.layout)
+    fim: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(sorted(set(self.stop) | {self.eos})))

@@ -9,12 +9,15 @@ decoding, which is the request engine's (unmask.engine).
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 
-def run_reference(model, tokens, prompts: list[list[int]], params):
+def run_reference(model, tokens, prompts: list[list[int]], params, suffixes: list[list[int]] | None = None):
     """One batch through the loop of the reference `params.compat` names (params accepted):
-    a unmask.trace.Decoded. (Imports are local: params.py imports modes.py from this package.)"""
+    a unmask.trace.Decoded. `suffixes` (infilling): the lockstep loop's references only
+    (unmask.inputs.check_suffix). (Imports are local: params.py imports modes.py from this package.)"""
     from unmask.compat import get_mode
 
     loop = get_mode(params.compat).loop
+    if suffixes is not None and loop != "lockstep":
+        raise ValueError(f"the {loop} loop takes no suffix")
     if loop == "fast-dllm-v2":
         from unmask.reference.fast_dllm_v2 import decode_fast_dllm_v2
 
@@ -29,4 +32,4 @@ def run_reference(model, tokens, prompts: list[list[int]], params):
         return decode_llada2(model, tokens, prompts, params)
     from unmask.reference.lockstep import decode_reference
 
-    return decode_reference(model, tokens, prompts, params)
+    return decode_reference(model, tokens, prompts, params, suffixes)

@@ -57,14 +57,15 @@ def _forward(model: DiffusionLM, c: Canvas, kv: StaticKV | None, w: Window, lo: 
 class _Decoder:
     """State of one batch through the loop: canvas, KV buffer, trace."""
 
-    def __init__(self, model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams) -> None:
+    def __init__(self, model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
+                 suffixes: list[list[int]] | None = None) -> None:
         mode = get_mode(params.compat)
         self.model, self.params, self.rules = model, params, mode.rules
         self.proposal, self.policy, self.schedule = mode.parts(params, tokens.mask)
         device = next(model.parameters()).device
         self.mask = tokens.mask
         pad = tokens.pad if tokens.pad is not None else tokens.eos
-        self.c = Canvas.build(prompts, params.gen_length, self.mask, pad, device)
+        self.c = Canvas.build(prompts, params.gen_length, self.mask, pad, device, suffixes)
         self.out = self.c.x.clone()
         self.stop_ids = torch.tensor(tokens.stop, device=device)
         self.gen = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
@@ -85,7 +86,7 @@ class _Decoder:
         B0 = self.out.shape[0]
         log = torch.stack(self.commit_log, 0).T.tolist() if self.commit_log else [[] for _ in range(B0)]
         row_commits = [[n for n in row if n >= 0] for row in log]
-        return Decoded(self.out[:, P:].tolist(), self.row_nfe.tolist(), row_commits, self.steps, self.params.cache, P)
+        return Decoded(self.out[:, P : c.region_end].tolist(), self.row_nfe.tolist(), row_commits, self.steps, self.params.cache, P)
 
     def block(self, b: int, s: int, e: int) -> None:
         self.schedule.start_block((self.c.x[:, s:e] == self.mask).sum(-1))
@@ -129,7 +130,7 @@ class _Decoder:
         self.commit_log.append(logged.index_copy_(0, c.rows, per_row))
         self.row_nfe.index_add_(0, c.rows, torch.ones_like(c.rows))
         still_open = (c.x[:, s:e] == mask).any(-1)
-        done = finished_rows(c.x[:, P:], mask, self.stop_ids) if rules.early_stop else torch.zeros_like(still_open)
+        done = finished_rows(c.x[:, P : c.region_end], mask, self.stop_ids) if rules.early_stop else torch.zeros_like(still_open)
         any_open, any_done, n_committed = torch.stack([still_open.any(), done.any(), per_row.sum()]).tolist()
         self.steps.append(ForwardRecord("full" if w.refresh else "window", c.batch, w.end - w.start, int(n_committed),
                                         block=b))
@@ -140,7 +141,9 @@ class _Decoder:
 
 
 @torch.inference_mode()
-def decode_reference(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams) -> Decoded:
+def decode_reference(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
+                     suffixes: list[list[int]] | None = None) -> Decoded:
     """Decode a batch of tokenised prompts as the reference of `params.compat` does (params
-    accepted: unmask.accept)."""
-    return _Decoder(model, tokens, prompts, params).run()
+    accepted: unmask.accept); with `suffixes`, on the canvas prompt + masks + suffix, as the
+    reference decodes whatever canvas it is given (infilling)."""
+    return _Decoder(model, tokens, prompts, params, suffixes).run()

@@ -27,7 +27,7 @@ from unmask.server.completion import Completion
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
 from unmask.server.protocol import ChatRequest, CompletionRequest
-from unmask.server.requests import check_model, check_text, encode, params_for, special_strings
+from unmask.server.requests import check_model, check_text, encode, infill, params_for, special_strings
 from unmask.server.text import TextStream
 
 __all__ = ["build_app", "APIError", "TextStream"]
@@ -84,12 +84,17 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model, served_model_name)
         prompt = body.prompt_value()
-        if isinstance(prompt, str):
+        if body.template:  # the prompt is read as a template (requests.infill)
+            ids = []
+        elif isinstance(prompt, str):
             check_text(prompt, specials, "prompt")
             ids = encode(llm, prompt, chat=False)
         else:
             ids = list(prompt)
-        return await _complete(state["engine"], llm, body, ids, request, "completion", served_model_name)
+        params = params_for(llm, body, ids, check=not body.template)
+        ids, params, holes, template = infill(llm, body, ids, params, specials)
+        return await Completion(state["engine"], llm, body, ids, params, request, "completion", served_model_name,
+                                holes, template).respond()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):

@@ -72,8 +72,10 @@ class AsyncEngine:
         return self.engine.config
 
     # --- from the event loop -------------------------------------------------------------------
-    def submit(self, request_id: str, prompt: list[int], params: GenerationParams, watch: bool = False) -> asyncio.Queue:
-        """Queue a request; its StepOutputs (and a final None) arrive on the returned queue."""
+    def submit(self, request_id: str, prompt: list[int], params: GenerationParams, watch: bool = False,
+               **holes) -> asyncio.Queue:
+        """Queue a request; its StepOutputs (and a final None) arrive on the returned queue.
+        `holes`: infilling's suffix and fill (Engine.add_request)."""
         if self._closed:
             raise UnmaskError("the server is shutting down")
         with self._lock:
@@ -81,7 +83,7 @@ class AsyncEngine:
                 raise QueueFull(f"the queue is full ({self.config.max_waiting} requests waiting); try again later")
             q: asyncio.Queue = asyncio.Queue()
             self._queues[request_id] = (asyncio.get_running_loop(), q)
-            self._inbox.append(("add", request_id, prompt, params, watch))
+            self._inbox.append(("add", request_id, prompt, params, watch, holes))
             self._pending += 1
         self._wake.set()
         return q
@@ -135,11 +137,11 @@ class AsyncEngine:
             items, self._inbox = self._inbox, []
         for item in items:
             if item[0] == "add":
-                _, rid, prompt, params, watch = item
+                _, rid, prompt, params, watch, holes = item
                 with self._lock:
                     self._pending -= 1
                 try:
-                    self.engine.add_request(prompt, params, rid, watch=watch)
+                    self.engine.add_request(prompt, params, rid, watch=watch, **holes)
                 except UnmaskError as e:
                     self._deliver(rid, e)
                     self._deliver(rid, None)

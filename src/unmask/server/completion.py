@@ -26,12 +26,15 @@ from unmask.server.text import TextStream
 
 class Completion:
     def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
-                 request: Request, kind: str, model: str) -> None:
+                 request: Request, kind: str, model: str, holes: dict | None = None, template=None) -> None:
+        """`holes`: infilling's suffix and fill for the engine; `template` (unmask.holes.Template):
+        each choice then also carries its holes' texts."""
         self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
+        self.holes, self.template = holes or {}, template
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
-        self.streams = [TextStream(llm, body.stops()) for _ in range(self.n)]
+        self.streams = [TextStream(llm, body.stops(), template) for _ in range(self.n)]
         self.reqs: list = [None] * self.n
         self.done = [False] * self.n
         self.created = int(time.time())
@@ -44,7 +47,7 @@ class Completion:
         try:
             for i, name in enumerate(self.names):
                 seed = None if params.seed is None else params.seed + i
-                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed)))
+                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), **self.holes))
         except (QueueFull, UnmaskError) as e:
             for name in self.names[: len(queues)]:
                 self.engine.abort(name)
@@ -89,7 +92,15 @@ class Completion:
         self.done[i] = out.finished or self.streams[i].finish_reason is not None
         return delta
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The given text's tokens: the prompt, the suffix and a template's fixed text between holes."""
+        fixed = 0 if self.template is None else len(self.template.region) - self.template.masks
+        return len(self.ids) + len(self.holes.get("suffix") or []) + fixed
+
     def reason(self, i: int) -> str:
+        if self.template is not None:  # every hole ended with an end of text
+            return "stop" if self.streams[i].ends == len(self.template.holes) else "length"
         r = self.streams[i].finish_reason or (self.reqs[i].finish_reason if self.reqs[i] is not None else None)
         return "stop" if r == "stop" else "length"
 
@@ -115,10 +126,13 @@ class Completion:
                     tail = self.streams[i].flush()
                     if tail or first[i]:
                         yield sse(self._chunk(i, tail, None, first[i]))
-                    yield sse(self._chunk(i, None, self.reason(i)))
+                    last = self._chunk(i, None, self.reason(i))
+                    if self.template is not None:  # unmask's: each hole's text, with the finish
+                        last["choices"][0]["holes"] = self.streams[i].hole_texts()
+                    yield sse(last)
             if all(self.done):
                 if self.body.stream_options and self.body.stream_options.include_usage:
-                    use = openai.usage(self.reqs, self.streams, len(self.ids))
+                    use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
                     yield sse(openai.usage_chunk(self.kind, self.rid, self.created, self.model, use))
                 yield "data: [DONE]\n\n"
         except Exception as e:  # an error after the stream started: an error event, then close
@@ -136,9 +150,13 @@ class Completion:
             raise APIError(499, "client closed the request")
         for st in self.streams:
             st.flush()
-        use = openai.usage(self.reqs, self.streams, len(self.ids))
-        return openai.response(self.kind, self.rid, self.created, self.model, [st.text for st in self.streams],
-                               [self.reason(i) for i in range(self.n)], use)
+        use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
+        out = openai.response(self.kind, self.rid, self.created, self.model, [st.text for st in self.streams],
+                              [self.reason(i) for i in range(self.n)], use)
+        if self.template is not None:  # unmask's: each hole's text
+            for choice, st in zip(out["choices"], self.streams):
+                choice["holes"] = st.hole_texts()
+        return out
 
     async def respond(self):
         if self.body.stream:

@@ -32,7 +32,7 @@ def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     their policies edited or masked again."""
     n = sum(len(st.ids) for st in streams)
     nfe = sum(r.nfe for r in reqs if r is not None)
-    ends = sum(st.finish_reason == "stop" for st in streams)
+    ends = sum(st.ends for st in streams)
     done = [r for r in reqs if r is not None]
     out = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
            "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,

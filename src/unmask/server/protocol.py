@@ -76,6 +76,8 @@ class _Common(_Knobs):
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str]
     echo: Literal[False] | None = None
+    suffix: str | None = None  # infilling: the text after the hole (full-attention masked models)
+    template: bool = False  # unmask's: the prompt is a template with holes (<|hole:N|>; unmask.holes)
 
     def prompt_value(self) -> str | list[int]:
         p = self.prompt

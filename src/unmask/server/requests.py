@@ -2,8 +2,9 @@
 that holds a special token's literal text is refused by name (it would be read as that token),
 and the decoding fields go through the model's one definition of what it accepts."""
 
+from unmask import holes
 from unmask.errors import UnmaskError
-from unmask.inputs import check_prompts
+from unmask.inputs import check_prompts, check_suffix
 from unmask.llm import LLM
 from unmask.params import GenerationParams
 from unmask.server.openai import APIError
@@ -33,14 +34,50 @@ def encode(llm: LLM, text: str, chat: bool) -> list[int]:
         raise APIError(400, str(e), param="prompt") from None
 
 
-def params_for(llm: LLM, body, ids: list[int]) -> GenerationParams:
+def params_for(llm: LLM, body, ids: list[int], check: bool = True) -> GenerationParams:
     """The request's fields, then the model's defaults, then the fast defaults (not for an
-    autoregressive model), accepted for this model (unmask.accept): a 400 names what is wrong."""
+    autoregressive model), accepted for this model (unmask.accept): a 400 names what is wrong.
+    `check`: the prompt ids against them (a template's are checked by `infill`)."""
     fields = body.generation_fields()
     try:
         params = llm.params_for(fields)
-        check_prompts([ids], params, llm.arch, llm.token_ids)
+        if check:
+            check_prompts([ids], params, llm.arch, llm.token_ids)
         body.stops()
     except UnmaskError as e:
         raise APIError(400, str(e), param=e.param) from None
     return params
+
+
+def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: list[str]):
+    """A completion's text after the hole (`suffix`) or its template (`template`): the prompt ids,
+    the parameters, and what the engine takes (suffix, fill) plus the template (None without one),
+    each checked for this model (a 400 names what is wrong)."""
+    try:
+        if body.template:
+            prompt = body.prompt_value()
+            if not isinstance(prompt, str):
+                raise APIError(400, "template: the prompt must be text holding <|hole:N|> markers", param="prompt")
+            if body.suffix is not None:
+                raise APIError(400, "give a suffix or a template, not both (a template holds its text after the "
+                                    "holes)", param="suffix")
+            if body.stops():
+                raise APIError(400, "stop strings do not apply to a template (each hole ends at its end of text)",
+                               param="stop")
+            check_text(prompt, specials, "prompt")
+            t = holes.encode(llm.tokenizer, prompt, llm.token_ids.mask, params.gen_length)
+            params = llm.accept(holes.params_for(params, t))
+            check_prompts([t.prompt], params, llm.arch, llm.token_ids)
+            check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt))
+            return t.prompt, params, {"suffix": t.suffix, "fill": t.fill}, t
+        if body.suffix is None:
+            return ids, params, {}, None
+        check_text(body.suffix, specials, "suffix")
+        tail = llm.tokenizer.encode(body.suffix, add_special_tokens=False)
+        unknown = llm.tokenizer.unknown_words(body.suffix)
+        if unknown:
+            raise UnmaskError(f"suffix: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}", param="suffix")
+        check_suffix(tail, params, llm.arch, llm.token_ids, len(ids))
+        return ids, params, {"suffix": tail}, None
+    except UnmaskError as e:
+        raise APIError(400, str(e), param=e.param or ("prompt" if body.template else "suffix")) from None

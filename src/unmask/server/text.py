@@ -1,5 +1,6 @@
 """Committed token ids -> text that is safe to stream: the masked models' committed-prefix stream."""
 
+from unmask.holes import Template
 from unmask.llm import LLM
 
 
@@ -8,18 +9,30 @@ class TextStream:
     character or stop string is held back (up to the longest stop string's length minus one
     characters), so text once sent is never retracted."""
 
-    def __init__(self, llm: LLM, stops: list[str]) -> None:
+    def __init__(self, llm: LLM, stops: list[str], template: Template | None = None) -> None:
         self.llm, self.stops = llm, stops
         self.stop_ids = set(llm.token_ids.stop)
         self.hold = max((len(s) for s in stops), default=1) - 1
-        self.ids: list[int] = []
+        self.ids: list[int] = []  # the generated ids (a template's: its holes' ids)
         self.text = ""
         self.sent = 0
         self.finish_reason: str | None = None
+        # a template's region streams as its committed prefix grows: fixed text as written, each
+        # hole up to its end of text (the rest of that hole skipped); it never stops early
+        self.template, self.raw, self.shown = template, [], []
+        self.holes: list[list[int]] = [] if template is None else [[] for _ in template.holes]
+        self._ended: set[int] = set()
+
+    @property
+    def ends(self) -> int:
+        """End-of-text tokens committed (counted in tokens per forward): one per hole of a template."""
+        return len(self._ended) if self.template is not None else int(self.finish_reason == "stop")
 
     def add(self, new_ids: list[int]) -> str:
         if self.finish_reason is not None:
             return ""
+        if self.template is not None:
+            return self._add_region(new_ids)
         for t in new_ids:
             if t in self.stop_ids:
                 self.finish_reason = "stop"
@@ -36,6 +49,32 @@ class TextStream:
         delta = self.text[self.sent : max(end, self.sent)]
         self.sent += len(delta)
         return delta
+
+    def _add_region(self, new_ids: list[int]) -> str:
+        spans = self.template.holes
+        for t in new_ids:
+            k = len(self.raw)
+            self.raw.append(t)
+            h = next((i for i, (s, e) in enumerate(spans) if s <= k < e), None)
+            if h is None:
+                self.shown.append(t)
+            elif h not in self._ended:
+                if t in self.stop_ids:
+                    self._ended.add(h)
+                else:
+                    self.holes[h].append(t)
+                    self.ids.append(t)
+                    self.shown.append(t)
+        self.text = self.llm.tokenizer.decode(self.shown)
+        end = len(self.text)
+        while end > self.sent and self.text[end - 1] == "\ufffd":  # an incomplete multi-byte character
+            end -= 1
+        delta = self.text[self.sent : max(end, self.sent)]
+        self.sent += len(delta)
+        return delta
+
+    def hole_texts(self) -> list[str]:
+        return [self.llm.tokenizer.decode(h) for h in self.holes]
 
     def flush(self) -> str:
         delta = self.text[self.sent :]
