@@ -36,9 +36,10 @@ import os
 import random
 import re
 import time
-from dataclasses import replace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 from unmask import LLM  # noqa: E402
 from unmask.bench.runner import TIMER_INCLUDES, context  # noqa: E402
@@ -48,6 +49,7 @@ from unmask.files import write_json_atomic  # noqa: E402
 from unmask.train import code  # noqa: E402
 
 BUDGET = 240
+LENGTH_N = 60  # examples of the length search (every length 1..24 decoded for each)
 THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
 
 
@@ -246,8 +248,49 @@ def measure(diff: LLM, ar: LLM, split: str, n: int, threshold: float | None) -> 
             items = [(e["prefix"], infill_params(diff, pol)(e), None) for e in exs]
             reqs, _, views = decode(diff, items, 1, watch=True)
             res["completion_token_classes"] = commit_classes(diff, reqs, views, exs)
+            if kind == "single":
+                res["length_chosen_by_the_model"] = length_search(diff, exs[:LENGTH_N], pol, range(1, 25), 12)
         out[kind] = res
     return out
+
+
+@torch.no_grad()
+def first_step_score(llm: LLM, prefix: list[int], fill: list[int], suffix: list[int]) -> float:
+    """Mean log-probability of `fill` at its positions in the forward over prefix + masks +
+    suffix: how plausible the model finds a fill of that length before committing anything."""
+    mask, n = llm.token_ids.mask, len(fill)
+    x = torch.tensor([prefix + [mask] * n + suffix])
+    logits = llm.model(x, torch.arange(x.shape[1])[None])[0, len(prefix) : len(prefix) + n]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(fill)[:, None]).mean().item()
+
+
+def length_search(diff: LLM, exs: list[dict], policy: dict, lengths: range, fixed_length: int) -> dict:
+    """Holes whose length the model chooses: every length in `lengths` decoded (batch 8), the
+    one whose fill scores best (`first_step_score`) kept; against the oracle length and one fixed
+    length for every hole."""
+    items = [(e["prefix"], infill_params(diff, policy)(dict(e, middle_tokens=g)), e["suffix"]) for e in exs for g in lengths]
+    t0 = time.perf_counter()
+    reqs, _, _ = decode(diff, items, 8)
+    chosen, flags_len = [], []
+    k = len(lengths)
+    for i, e in enumerate(exs):
+        pre = diff.encode(e["prefix"], chat=False)[0]
+        suf = diff.tokenizer.encode(e["suffix"], add_special_tokens=False)
+        scores = [first_step_score(diff, pre, r.canvas, suf) for r in reqs[i * k : (i + 1) * k]]
+        best = max(range(k), key=scores.__getitem__)
+        chosen.append(text_of(diff, reqs[i * k + best]))
+        flags_len.append(lengths[best] == e["middle_tokens"])
+    seconds = time.perf_counter() - t0
+    flags = [c == e["middle"] for c, e in zip(chosen, exs)]
+    fixed = run_system(diff, [dict(e, middle_tokens=fixed_length) for e in exs], infill_params(diff, policy), True, 8)
+    oracle = run_system(diff, exs, infill_params(diff, policy), True, 8)
+    return {"n": len(exs), "lengths": [lengths.start, lengths.stop - 1], "policy": policy,
+            "chosen_by_model": {"exact": sum(flags) / len(flags), "exact_ci95": list(wilson_interval(sum(flags), len(flags))),
+                                "right_length": sum(flags_len) / len(flags_len), "seconds": seconds,
+                                "forwards": sum(r.nfe for r in reqs) + len(reqs)},
+            "oracle_length": {"exact": oracle["exact"], "exact_ci95": oracle["exact_ci95"], "forwards": oracle["forwards"]},
+            f"fixed_length_{fixed_length}": {"exact": fixed["exact"], "exact_ci95": fixed["exact_ci95"],
+                                             "forwards": fixed["forwards"]}}
 
 
 def THRESHOLD_AT(t: float) -> dict:
@@ -292,6 +335,10 @@ def main() -> None:
         for name, r in test[kind]["completion"].items():
             print(f"test {kind:6s} completion {name:45s} exact {r['exact']:.3f}  tok/fwd {r['tokens_per_forward']:.2f}  "
                   f"{r['tokens_per_s']:.0f} tok/s")
+    ls = test["single"]["length_chosen_by_the_model"]
+    print(f"test single hole length chosen by the model: exact {ls['chosen_by_model']['exact']:.3f} (right length "
+          f"{ls['chosen_by_model']['right_length']:.3f}); oracle length {ls['oracle_length']['exact']:.3f}; "
+          f"fixed length 12 {ls['fixed_length_12']['exact']:.3f}")
     print(f"chosen threshold {chosen}; wrote {a.out}")
 
 
