@@ -104,16 +104,16 @@ def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str,
 
 def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, tokens: TokenIds,
                  prompt_len: int) -> None:
-    """Text after the hole (infilling): only a full-attention masked model sees it (a block,
-    causal or renoising model attends left to right, or over its own canvas), natively (a
-    LLaDA's, Fast-dLLM v1's and Dream's reference modes decode it as their samplers decode a
-    canvas holding it; the others reproduce prompt-only samplers); ids inside the vocabulary, no mask token,
-    the canvas within the model's positions."""
+    """Text after the hole (infilling): a full-attention masked model sees it natively; an
+    autoregressive model with fill-in-the-middle tokens reads it laid out prefix-suffix-middle
+    (`layout`); a block or renoising model, or an autoregressive one without those tokens, cannot
+    see text after the hole. LLaDA's, Fast-dLLM v1's and Dream's reference modes decode it as
+    their samplers decode a canvas holding it (the other reference modes reproduce prompt-only
+    samplers). Ids inside the vocabulary, no mask token, the canvas within the model's positions."""
     if not suffix:
         return
-    if arch.kind == "causal" and tokens.fim is not None:  # laid out prefix-suffix-middle (`layout`)
-        pass
-    elif arch.kind != "full":
+    psm = arch.kind == "causal" and tokens.fim is not None
+    if arch.kind != "full" and not psm:
         what = {"block": "a block-diffusion model attends to earlier blocks only",
                 "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
                           "fill-in-the-middle tokens)",
@@ -128,7 +128,7 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
         raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
     if tokens.mask in suffix:
         raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
-    extra = 3 if arch.kind == "causal" else 0  # the three fill-in-the-middle markers
+    extra = 3 if psm else 0  # the three fill-in-the-middle markers
     if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
                           f"exceeds the model's maximum of {arch.max_positions} positions")
