@@ -30,7 +30,6 @@ Writes benchmarks/results/code_infill.json.
 """
 
 import argparse
-import ast
 import keyword
 import os
 import random
@@ -46,65 +45,10 @@ from unmask.bench.runner import TIMER_INCLUDES, context  # noqa: E402
 from unmask.bench.stats import paired_bootstrap, wilson_interval  # noqa: E402
 from unmask.engine import EngineConfig  # noqa: E402
 from unmask.files import write_json_atomic  # noqa: E402
-from unmask.train import code  # noqa: E402
+from unmask.train.code import hole_examples as examples  # noqa: E402
 
-BUDGET = 240
 LENGTH_N = 60  # examples of the length search (every length 1..24 decoded for each)
 THRESHOLDS = (0.9, 0.7, 0.5, 0.3)
-
-
-# ---- examples ------------------------------------------------------------------------------------
-
-def _doc_lines(fn) -> set[int]:
-    first = fn.body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-        return set(range(first.lineno, first.end_lineno + 1))
-    return set()
-
-
-def examples(tok, split: str, kind: str, n: int, seed: int = 0) -> list[dict]:
-    """Up to n examples of `kind` ("single" or "multi") from the files of `split`."""
-    root = code.stdlib_root()
-    files = [f for f in code.corpus_files(root) if code.split_of(f) == split]
-    rng = random.Random(f"{split}-{kind}-{seed}")
-    pool = []
-    for rel in files:
-        text = (root / rel).read_text(encoding="utf-8")
-        lines = text.splitlines(keepends=True)
-        counts = [len(tok.encode(line, add_special_tokens=False)) for line in lines]
-        for fn in ast.walk(ast.parse(text)):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(fn.body) < 2:
-                continue
-            skip = _doc_lines(fn)
-            body = [i for i in range(fn.body[0].lineno, fn.end_lineno + 1) if i not in skip and lines[i - 1].strip()]
-            if not body:
-                continue
-            k = 1 if kind == "single" else rng.randint(2, 4)
-            start = rng.choice(body)
-            hole = [i for i in range(start, start + k) if i <= fn.end_lineno]
-            if len(hole) < k or any(i in skip for i in hole):
-                continue
-            a, b = hole[0] - 1, hole[-1]  # 0-based [a, b): the hidden lines
-            size = sum(counts[a:b])
-            if size < 2 or size > (24 if kind == "single" else 64):
-                continue
-            lo, hi, used = a, b, size + 1  # grow the context around the hole, before and after in turn
-            while True:
-                grew = False
-                if lo > 0 and used + counts[lo - 1] <= BUDGET:
-                    lo, used, grew = lo - 1, used + counts[lo - 1], True
-                if hi < len(lines) and used + counts[hi] <= BUDGET:
-                    used, hi, grew = used + counts[hi], hi + 1, True
-                if not grew:
-                    break
-            prefix = "".join(lines[lo:a])
-            if not prefix.strip():
-                continue
-            pool.append({"file": rel, "function": fn.name, "line": a + 1, "prefix": prefix,
-                         "middle": "".join(lines[a:b]), "suffix": "".join(lines[b:hi]), "middle_tokens": size,
-                         "context_tokens": used - size - 1})
-    rng.shuffle(pool)
-    return pool[:n]
 
 
 # ---- decoding ------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
     python scripts/ship_default.py --edit [--n 200]   # default-edit, from runs/edit
     python scripts/ship_default.py --renoise [--n 200]  # default-renoise, from runs/renoise
     python scripts/ship_default.py --dflash [--n 200]   # default-dflash (the AR twin's drafter), from runs/dflash
+    python scripts/ship_default.py --code --threshold T [--n 40]  # default-code and default-code-ar,
+                                                    # from runs/code-diffusion and runs/code-ar
 
 Writes src/unmask/assets/{default,default-ar,default-block}/ (config, weights, tokenizer,
 generation defaults, training.json) and eval.json beside each: exact match and token accuracy per
@@ -102,6 +104,48 @@ def ship_dflash(run: Path, n: int) -> None:
     print("default-dflash", json.dumps({r["task"]: round(r["tau"], 2) for r in rows}))
 
 
+def ship_code(run: Path, name: str, n: int, defaults: dict) -> None:
+    """A code model (unmask/train/code.py): its folder with the weights stored in bfloat16 (loaded
+    as float32; half the size), its generation defaults, and eval.json: exact match of the first
+    n single-line holes of the test split (the diffusion model: both sides, oracle length, one
+    token per step; the twin: prefix-suffix-middle, greedy), as the shipped weights give it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from unmask.train.code import hole_examples
+
+    dst = ASSETS / name
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in KEEP:
+        if (run / "model" / f).exists():
+            shutil.copy(run / "model" / f, dst / f)
+    weights = load_file(dst / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, dst / "model.safetensors",
+              metadata={"format": "pt"})
+    gen = json.loads((dst / "generation_config.json").read_text())
+    (dst / "generation_config.json").write_text(json.dumps({**gen, **defaults}, indent=2))
+    meta = json.loads((dst / "training.json").read_text())
+    meta["lineage"] = lineage(run)
+    meta["stored_dtype"] = "bfloat16 (trained in float32; loaded as float32)"
+    (dst / "training.json").write_text(json.dumps(meta, indent=2))
+    llm = LLM(dst)
+    exs = hole_examples(llm.tokenizer, "test", "single", n)
+    flags = []
+    for e in exs:
+        if llm.arch.causal:
+            p = llm.default_params(gen_length=32)
+        else:
+            g = e["middle_tokens"]
+            p = GenerationParams(gen_length=g, block_length=g, steps=g, early_stop=False)
+        flags.append(llm.generate([e["prefix"]], p, chat=False, suffix=[e["suffix"]]).results[0].text == e["middle"])
+    table = {"n": len(exs), "task": "single-line holes of the test split (unmask.train.code.hole_examples)",
+             "exact": sum(flags) / len(flags), "flags": flags}
+    (dst / "eval.json").write_text(json.dumps(table, indent=2))
+    print(name, f"exact {table['exact']:.3f} on {len(exs)} single-line test holes")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
@@ -111,7 +155,18 @@ def main() -> None:
     ap.add_argument("--edit", action="store_true", help="ship the editing block-diffusion model (runs/edit) only")
     ap.add_argument("--renoise", action="store_true", help="ship the renoising model (runs/renoise) only")
     ap.add_argument("--dflash", action="store_true", help="ship the AR twin's DFlash drafter (runs/dflash) only")
+    ap.add_argument("--code", action="store_true", help="ship the code models (runs/code-diffusion, runs/code-ar) only")
+    ap.add_argument("--threshold", type=float, default=None, help="--code: the fast threshold chosen on the selection "
+                    "split (benchmarks/code_infill.py)")
     a = ap.parse_args()
+    if a.code:
+        if a.threshold is None:
+            ap.error("--code needs --threshold (chosen on the selection split by benchmarks/code_infill.py)")
+        shape = {"gen_length": 64, "block_length": 32, "steps": 64}
+        ship_code(Path(a.runs) / "code-diffusion", "default-code", a.n,
+                  {**shape, "policy": "threshold", "threshold": a.threshold, "cache": "dual"})
+        ship_code(Path(a.runs) / "code-ar", "default-code-ar", a.n, {**shape, "block_length": 64})
+        return
     if a.dflash:
         ship_dflash(Path(a.runs) / "dflash", a.n)
         return

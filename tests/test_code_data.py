@@ -136,3 +136,25 @@ def test_code_training_settings_are_checked():
         TrainConfig(kind="diffusion", span_rate=0.5).check()
     with pytest.raises(UnmaskError, match="a code model is a diffusion model or its ar twin"):
         TrainConfig(kind="block", corpus="stdlib").check()
+
+
+def test_held_out_hole_examples(root, tmp_path):
+    """Hidden lines of held-out functions, docstrings left out, context within the budget; the
+    pieces put back together are the file's own lines."""
+    folder = code.prepare(tmp_path / "corpus", root, 400)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for kind in ("single", "multi"):
+        exs = code.hole_examples(tok, "train", kind, 20, root=root)
+        assert exs
+        for e in exs:
+            text = (root / e["file"]).read_text()
+            assert e["prefix"] + e["middle"] + e["suffix"] in text and e["middle"].strip()
+            assert '"""' not in e["middle"]
+            assert e["middle_tokens"] == len(tok.encode(e["middle"], add_special_tokens=False))
+            assert e["middle_tokens"] + e["context_tokens"] + 1 <= code.HOLE_BUDGET
+            lines = e["middle"].count("\n")
+            assert lines == 1 if kind == "single" else 2 <= lines <= 4
+    assert code.hole_examples(tok, "train", "single", 5, root=root) == code.hole_examples(tok, "train", "single", 5,
+                                                                                         root=root)

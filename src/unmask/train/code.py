@@ -194,3 +194,63 @@ def load_rows(folder: Path, root: str | Path | None, split: str, length: int, se
         files.append(encode_lines(tok, data.decode("utf-8")))
     return CodeRows(files, length, special_ids(tok), seed, fim_rate), tok
 
+
+# ---- held-out holes (benchmarks/code_infill.py, the shipped code models' check) ------------------
+# In each function of the files of a held-out split (`select` or `test`, never trained on), one
+# hidden line ("single") or a block of 2-4 lines ("multi") of its body, docstrings left out, with
+# the lines around it in the file as context, up to HOLE_BUDGET tokens in all (rows were 256).
+
+HOLE_BUDGET = 240
+
+
+def _doc_lines(fn) -> set[int]:
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return set(range(first.lineno, first.end_lineno + 1))
+    return set()
+
+
+def hole_examples(tok, split: str, kind: str, n: int, seed: int = 0, root: str | Path | None = None) -> list[dict]:
+    """Up to n examples of `kind` ("single" or "multi") from the files of `split`: prefix,
+    middle (the hidden text), suffix, the middle's and the context's token counts."""
+    root = stdlib_root(root)
+    files = [f for f in corpus_files(root) if split_of(f) == split]
+    rng = random.Random(f"{split}-{kind}-{seed}")
+    pool = []
+    for rel in files:
+        text = (root / rel).read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        counts = [len(tok.encode(line, add_special_tokens=False)) for line in lines]
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(fn.body) < 2:
+                continue
+            skip = _doc_lines(fn)
+            body = [i for i in range(fn.body[0].lineno, fn.end_lineno + 1) if i not in skip and lines[i - 1].strip()]
+            if not body:
+                continue
+            k = 1 if kind == "single" else rng.randint(2, 4)
+            start = rng.choice(body)
+            hole = [i for i in range(start, start + k) if i <= fn.end_lineno]
+            if len(hole) < k or any(i in skip for i in hole):
+                continue
+            a, b = hole[0] - 1, hole[-1]  # 0-based [a, b): the hidden lines
+            size = sum(counts[a:b])
+            if size < 2 or size > (24 if kind == "single" else 64):
+                continue
+            lo, hi, used = a, b, size + 1  # grow the context around the hole, before and after in turn
+            while True:
+                grew = False
+                if lo > 0 and used + counts[lo - 1] <= HOLE_BUDGET:
+                    lo, used, grew = lo - 1, used + counts[lo - 1], True
+                if hi < len(lines) and used + counts[hi] <= HOLE_BUDGET:
+                    used, hi, grew = used + counts[hi], hi + 1, True
+                if not grew:
+                    break
+            prefix = "".join(lines[lo:a])
+            if not prefix.strip():
+                continue
+            pool.append({"file": rel, "function": fn.name, "line": a + 1, "prefix": prefix,
+                         "middle": "".join(lines[a:b]), "suffix": "".join(lines[b:hi]), "middle_tokens": size,
+                         "context_tokens": used - size - 1})
+    rng.shuffle(pool)
+    return pool[:n]
