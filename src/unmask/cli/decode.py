@@ -34,6 +34,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.suffix is not None and (a.prompt is None or template is not None):
         raise UnmaskError("--suffix goes with a text prompt (the text before the hole), not with "
                           f"{'--prompt-ids' if template is None else 'a template'}")
+    if a.chat and (a.suffix is not None or template is not None):
+        raise UnmaskError("--chat wraps the prompt in the chat template; infilling reads the text before the hole "
+                          "as it is")
     given_params(a)  # reject a bad flag before loading anything
     llm = load_llm(a)
     params = params_for(llm, a, fast=True)
