@@ -29,12 +29,14 @@ def mcnemar_exact(a: list[bool], b: list[bool]) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired_bootstrap(a: list[bool], b: list[bool], iters: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Accuracy difference a - b with a 95 % paired-bootstrap interval (resampling examples)."""
+def paired_bootstrap(a: list[bool] | list[float], b: list[bool] | list[float], iters: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Mean difference a - b (accuracy for flags, or any per-example score) with a 95 %
+    paired-bootstrap interval (resampling examples)."""
     n = len(a)
     if n != len(b) or n == 0:
         raise ValueError("paired flags must have equal, non-zero length")
-    diff = [int(x) - int(y) for x, y in zip(a, b)]
+    diff = [float(x) - float(y) for x, y in zip(a, b)]
     rng = random.Random(seed)
     stats = sorted(sum(diff[rng.randrange(n)] for _ in range(n)) / n for _ in range(iters))
     return sum(diff) / n, stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1]
