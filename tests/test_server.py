@@ -664,3 +664,18 @@ def test_a_model_that_cannot_see_a_suffix_refuses_it_by_name(embedded_ar):
         assert r.status_code == 200 and r.json()["choices"][0]["holes"]  # a hole at the end: any model
     finally:
         s.stop()
+
+
+def test_a_template_stream_skips_each_hole_after_its_end_of_text(llm):
+    """The region streams as its committed prefix grows: a hole's end of text and its padding
+    are skipped, the fixed text after it and the next hole follow; nothing is retracted."""
+    from unmask import holes
+    from unmask.server.text import TextStream
+
+    t = holes.encode(llm.tokenizer, "copy : red <|hole:4|> owl <|hole:3|>", llm.token_ids.mask, 8)
+    red, sun = (llm.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("red", "sun"))
+    eos, owl = llm.token_ids.eos, t.region[4]
+    st = TextStream(llm, [], t)
+    sent = st.add([red, eos]) + st.add([eos, eos, owl]) + st.add([sun, sun]) + st.add([eos])
+    assert sent + st.flush() == "red owl sun sun" == st.text
+    assert st.hole_texts() == ["red", "sun sun"] and st.ends == 2 and st.ids == [red, sun, sun]
