@@ -18,6 +18,9 @@ EMBEDDED_ABOUT = {
     "default-edit": "default-block trained to edit committed tokens (--edit-threshold, docs/editing.md)",
     "default-renoise": "a renoising model in DiffusionGemma's layout (docs/diffusion-gemma.md)",
     "default-dflash": "DFlash drafter for default-ar (--draft default-dflash, docs/speculative.md)",
+    "default-code": "masked diffusion on Python (CPython's standard library, byte-level BPE): infilling, "
+                    "docs/infilling.md",
+    "default-code-ar": "its autoregressive twin, trained prefix-suffix-middle (infills through --suffix)",
 }
 EMBEDDED = {name: ASSETS / name for name in EMBEDDED_ABOUT}
 _NAMES = ", ".join(repr(n) for n in EMBEDDED_ABOUT)
