@@ -112,7 +112,7 @@ def ship_code(run: Path, name: str, n: int, defaults: dict) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from unmask.train.code import hole_examples
+    from unmask.train.code import hole_examples, hole_matches
 
     dst = ASSETS / name
     if dst.exists():
@@ -132,15 +132,7 @@ def ship_code(run: Path, name: str, n: int, defaults: dict) -> None:
     (dst / "training.json").write_text(json.dumps(meta, indent=2))
     llm = LLM(dst)
     exs = hole_examples(llm.tokenizer, "test", "single", n)
-    flags = []
-    for e in exs:
-        if llm.arch.causal:
-            p = llm.default_params(gen_length=32)
-        else:
-            g = e["middle_tokens"]
-            p = GenerationParams(gen_length=g, block_length=g, steps=g, early_stop=False)
-        text = llm.generate([e["prefix"]], p, chat=False, suffix=[e["suffix"]]).results[0].text
-        flags.append(text.split("\n")[0] + "\n" == e["middle"])  # its first line (one line was asked for)
+    flags = [hole_matches(llm, e) for e in exs]
     table = {"n": len(exs), "task": "single-line holes of the test split (unmask.train.code.hole_examples), "
              "exact match of the output's first line",
              "exact": sum(flags) / len(flags), "flags": flags}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from unmask import LLM, GenerationParams
+from unmask import LLM
 from unmask.loading import EMBEDDED
-from unmask.train.code import hole_examples
+from unmask.train.code import hole_examples, hole_matches
 
 FIRST = 8
 
@@ -30,13 +30,5 @@ def test_the_code_models_reproduce_their_recorded_holes(name):
     llm = LLM(name)
     recorded = json.loads((EMBEDDED[name] / "eval.json").read_text())
     exs = hole_examples(llm.tokenizer, "test", "single", FIRST)
-    got = []
-    for e in exs:
-        if llm.arch.causal:
-            p = llm.default_params(gen_length=32)
-        else:
-            g = e["middle_tokens"]
-            p = GenerationParams(gen_length=g, block_length=g, steps=g, early_stop=False)
-        text = llm.generate([e["prefix"]], p, chat=False, suffix=[e["suffix"]]).results[0].text
-        got.append(text.split("\n")[0] + "\n" == e["middle"])
+    got = [hole_matches(llm, e) for e in exs]
     assert got == recorded["flags"][:FIRST]

@@ -254,3 +254,18 @@ def hole_examples(tok, split: str, kind: str, n: int, seed: int = 0, root: str |
                          "context_tokens": used - size - 1})
     rng.shuffle(pool)
     return pool[:n]
+
+
+def hole_matches(llm, e: dict) -> bool:
+    """Whether `llm` fills held-out hole `e` exactly (its output's first line against the hidden
+    line): the diffusion model given the hole's length, one token per step; the autoregressive
+    twin prefix-suffix-middle, greedy (scripts/ship_default.py --code and its test)."""
+    from unmask.params import GenerationParams
+
+    if llm.arch.causal:
+        p = llm.default_params(gen_length=32)
+    else:
+        g = e["middle_tokens"]
+        p = GenerationParams(gen_length=g, block_length=g, steps=g, early_stop=False)
+    text = llm.generate([e["prefix"]], p, chat=False, suffix=[e["suffix"]]).results[0].text
+    return text.split("\n")[0] + "\n" == e["middle"]
