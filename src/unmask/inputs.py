@@ -190,3 +190,24 @@ def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConf
                               f"model's maximum of {arch.max_positions} positions")
     if params.compat is not None:
         get_mode(params.compat).check_prompts(ids, arch.family)
+
+
+def check_constraint(constraint, params: GenerationParams, arch: ArchConfig, kind_constrains: bool, tokenizer,
+                     holes: bool) -> None:
+    """Structured output's refusals by name: the row kinds that do not take a constraint, the
+    reference modes (they reproduce unconstrained samplers), holes (a suffix or a template), and
+    an engine built without its tokenizer."""
+    if not kind_constrains:
+        what = {"renoise": "a renoising model rewrites its whole canvas each step; structured output is not "
+                           "supported for renoising rows",
+                }.get(arch.kind, "structured output is not supported for speculative rows (a drafter) yet")
+        raise UnmaskError(what, param="structured_outputs")
+    if params.compat is not None:
+        raise UnmaskError(f"compat {params.compat!r} reproduces an unconstrained reference sampler; structured "
+                          "output decodes natively (drop compat)", param="structured_outputs")
+    if holes:
+        raise UnmaskError("structured output with a suffix or a template is not supported: the grammar "
+                          "constrains an answer written from its start", param="structured_outputs")
+    if tokenizer is None:
+        raise UnmaskError("structured output needs the model's tokenizer (this engine was built without one)",
+                          param="structured_outputs")

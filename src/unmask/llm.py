@@ -329,7 +329,7 @@ class LLM:
     def _engine(self, config: EngineConfig | None) -> Engine:
         """The engine's row kind is the model's (engine/kind.py): speculative rows with a drafter
         (it proposes, this model verifies), renoising canvases, or masked diffusion."""
-        return Engine(self.model, self.token_ids, config, drafter=self.drafter)
+        return Engine(self.model, self.token_ids, config, drafter=self.drafter, tokenizer=self.tokenizer)
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams | list[GenerationParams],
                          suffixes: list[list[int]] | None = None, fills: list | None = None,

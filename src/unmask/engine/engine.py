@@ -27,13 +27,14 @@ from typing import Protocol
 import torch
 
 from unmask.accept import accept
+from unmask.constrain import Constraint, GrammarVocab, RowGrammar
 from unmask.engine import masked, renoise, speculative  # noqa: F401  (the shipped row kinds register)
 from unmask.engine.draws import Draws
 from unmask.engine.kind import ROW_KINDS, KindContext, Report, RowKind, kind_for
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
 from unmask.engine.scheduler import Scheduler
 from unmask.errors import UnmaskError
-from unmask.inputs import check_fill, check_prompts, check_suffix, layout
+from unmask.inputs import check_constraint, check_fill, check_prompts, check_suffix, layout
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
 from unmask.sampler.stops import first_stop_index
@@ -51,11 +52,20 @@ class EngineLike(Protocol):
     trace: deque
 
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
-                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None) -> Request: ...
+                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
+                    constraint=None) -> Request: ...
 
     def step(self) -> list[StepOutput]: ...
 
     @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
+    def _grammar(self, constraint: Constraint, params: GenerationParams, suffix, fill) -> RowGrammar:
+        """A constrained request's grammar state, or a named refusal (constrain.check_constraint)."""
+        check_constraint(constraint, params, self.arch, getattr(self.kind, "constrains", False), self.tokenizer,
+                         bool(suffix) or fill is not None)
+        if self._vocab is None:
+            self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
+        return RowGrammar(self._vocab, constraint, params.gen_length)
+
     def abort(self, request_id: str) -> bool: ...
 
     def release(self, request_id: str) -> None: ...
@@ -71,9 +81,10 @@ class EngineLike(Protocol):
 
 class Engine:
     def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None, *,
-                 drafter=None, kind: str | None = None) -> None:
+                 drafter=None, kind: str | None = None, tokenizer=None) -> None:
         """`kind`: the row kind's registered name (engine/kind.py); by default the model's own
-        ("speculative" with a `drafter`)."""
+        ("speculative" with a `drafter`). `tokenizer` (unmask.tokenizer.Tokenizer): what
+        structured output compiles its grammars against (requests with a constraint need it)."""
         self.model, self.tokens, self.arch = model, tokens, model.config
         self.device = next(model.parameters()).device
         self.config = config or EngineConfig()
@@ -86,16 +97,20 @@ class Engine:
             KindContext(model, tokens, self.device, self.draws, drafter))
         self._stop = set(tokens.stop)
         self._ids = itertools.count()
+        self.tokenizer = tokenizer
+        self._vocab = None  # the tokenizer as the grammar engine sees it, built for the first constraint
 
     # --- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
-                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None) -> Request:
+                    watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
+                    constraint: Constraint | None = None) -> Request:
         """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
         reference mode is refused) and the prompt checked against them. A watched request's
         StepOutputs carry its whole canvas (the playground). `suffix`: fixed text after the
         generated hole of gen_length tokens (infilling; a full-attention model's rows only).
         `fill`: the generated region's starting tokens, the mask id at each hole and fixed text
-        between holes (a template with several holes, unmask.holes; inputs.check_fill)."""
+        between holes (a template with several holes, unmask.holes; inputs.check_fill).
+        `constraint`: structured output (unmask.constrain): the answer is a word of its language."""
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
         check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt))
@@ -107,8 +122,9 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
+        grammar = None if constraint is None else self._grammar(constraint, params, suffix, fill)
         req = Request(rid, list(prompt), params, parts, time.perf_counter(), watch=watch,
-                      stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill)
+                      stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill, grammar=grammar)
         self.scheduler.add(req)
         self.requests[rid] = req
         if params.seed is not None:
@@ -116,6 +132,14 @@ class Engine:
         return req
 
     @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
+    def _grammar(self, constraint: Constraint, params: GenerationParams, suffix, fill) -> RowGrammar:
+        """A constrained request's grammar state, or a named refusal (constrain.check_constraint)."""
+        check_constraint(constraint, params, self.arch, getattr(self.kind, "constrains", False), self.tokenizer,
+                         bool(suffix) or fill is not None)
+        if self._vocab is None:
+            self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
+        return RowGrammar(self._vocab, constraint, params.gen_length)
+
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its rows are freed. False if it is unknown or already done."""
         req = self.requests.get(request_id)

@@ -30,6 +30,7 @@ import torch
 from unmask.cache.base import Plan
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
+from unmask.engine.constrained import Constrained
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report
 from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
@@ -44,6 +45,7 @@ class MaskedKind:
     name = "masked"
     Stats = MaskedStats
     diagnoses = True
+    constrains = True  # structured output (engine/constrained.py)
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens
@@ -61,6 +63,7 @@ class MaskedKind:
         # a tensor-parallel model hands its vocabulary slice to the sampler (no gathered logits)
         self.committer = Committer(self.rows, self.parts, self.mask, ctx.draws, getattr(model, "tp", None),
                                    arch.vocab_size)
+        self.constrained = Constrained(self.rows, self.mask, tokens.eos)  # structured output's rows
         self._setting_ids = itertools.count()
         self.watching = 0  # watched rows (their proposals cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
@@ -85,11 +88,14 @@ class MaskedKind:
             p = req.params
             width = p.block_length if self.align else max(p.steps_per_block, 1)  # the quota table
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
+            self.constrained.admit(req)
             self.watching += req.watch
         self._ahead = None
 
     def remove(self, gone: list[int]) -> None:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
+        for i in gone:
+            self.constrained.remove(self.rows.reqs[i])
         self.rows.remove(gone)
         self._forget_settings()
         self._ahead = None
@@ -142,7 +148,9 @@ class MaskedKind:
         r, t0 = self.rows, time.perf_counter()
         fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
         logits = self.runner.forward(f, work.plan, r.s, work.W)
-        done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0)
+        force, lock = self.constrained.before(f.idx, logits, work.W)  # structured output: the frontier's mask
+        done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0, force, lock)
+        self.constrained.after(f.idx)
         if self.observer is not None:
             if self.committer.tp is not None:  # diagnostics compare whole distributions
                 logits = self.committer.tp.gather_vocab(logits, self.arch.vocab_size)

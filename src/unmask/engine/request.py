@@ -64,6 +64,8 @@ class Request:
     # the generated region's starting tokens when it holds fixed text between holes (a template
     # with several holes, unmask.holes): the mask id at each hole position; None: all masks
     fill: list[int] | None = None
+    # structured output: the request's grammar state (unmask.constrain RowGrammar), or None
+    grammar: object = None
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:

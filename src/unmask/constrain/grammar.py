@@ -1,0 +1,229 @@
+"""llguidance behind unmask's constraints: one `GrammarVocab` per model (the tokenizer as
+llguidance sees it, built once), one `RowGrammar` per constrained request.
+
+A RowGrammar holds the grammar state of the request's validated prefix (the answer's tokens from
+its start up to the frontier, the first position not yet checked) and a *plan*: a token sequence
+that completes the validated prefix to a word of the language within the room left on the
+canvas. The plan is what makes a fixed-length canvas safe: a token is accepted at the frontier
+only if a completion of the new prefix is found that fits (the plan's own next token always
+fits), so the answer can always end in an accepting state before the canvas runs out. The
+completion search (`complete`) is greedy over llguidance's token masks, preferring tokens that
+close structure (quotes, brackets), then digits, punctuation and letters, whitespace last; it is
+not exhaustive, so a prefix whose completion it misses is refused although one may exist (it
+never accepts one that cannot finish)."""
+
+import json
+
+import numpy as np
+import torch
+
+from unmask.constrain.spec import Constraint
+from unmask.constrain.vocab import vocab_bytes
+from unmask.errors import UnmaskError
+
+_CLOSE = b"\"}])'>"
+
+
+def _rank_key(raw: bytes) -> tuple:
+    text = raw.lstrip(b" ")
+    if not text:
+        return (6, len(raw))
+    c = text[:1]
+    cls = 0 if c in _CLOSE else 1 if c == b"0" else 2 if c.isdigit() else 5 if c.isspace() else \
+        4 if c.isalpha() else 3
+    return (cls, len(text))
+
+
+class _Wrapped:
+    """What llguidance's TokenizerWrapper reads: token bytes, special ids, a tokenize function.
+    `byte_base`: for a word-level vocabulary, the id of the first of 256 one-byte tokens the model
+    does not have (ids past its vocabulary, never allowed to it): llguidance tokenises any forced
+    text, and a word-level vocabulary cannot spell a lone space or a word's prefix."""
+
+    def __init__(self, tokenizer, tokens: list[bytes], special: list[int], eos: int, byte_base: int | None) -> None:
+        self.eos_token_id, self.bos_token_id = eos, None
+        self.tokens, self.special_token_ids = tokens, special
+        self._tok, self._base = tokenizer, byte_base
+
+    def __call__(self, s) -> list[int]:
+        data = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        if self._base is None:
+            return self._tok.encode(data.decode("utf-8", errors="replace"), add_special_tokens=False).ids
+        out: list[int] = []
+        i = 0
+        while i < len(data):  # " word" as the word's token where it is one, else byte by byte
+            if data[i] == 32:
+                j = data.find(b" ", i + 1)
+                j = len(data) if j < 0 else j
+                try:
+                    t = self._tok.token_to_id(data[i + 1 : j].decode("utf-8")) if j > i + 1 else None
+                except UnicodeDecodeError:
+                    t = None
+                if t is not None:
+                    out.append(t)
+                    i = j
+                    continue
+            out.append(self._base + data[i])
+            i += 1
+        return out
+
+
+class GrammarVocab:
+    """A model's vocabulary as llguidance sees it. `tokenizer`: unmask.tokenizer.Tokenizer;
+    `stop_ids`: the ids that end the answer (allowed where the grammar accepts); `logits_width`:
+    the model's vocabulary (its logits' last dimension, possibly padded past the tokenizer's)."""
+
+    def __init__(self, tokenizer, stop_ids, logits_width: int) -> None:
+        import llguidance
+
+        self._llg = llguidance
+        vb = vocab_bytes(tokenizer.tok)
+        self.kind, self.space_joined = vb.kind, vb.space_joined
+        tokens = [b if b and i not in vb.special else b"\xff" + (tokenizer.tok.id_to_token(i) or f"<{i}>").encode()
+                  for i, b in enumerate(vb.tokens)]
+        self.n_text = len(tokens)
+        base = None
+        if vb.space_joined:  # one-byte tokens past the model's vocabulary (see _Wrapped)
+            base = len(tokens)
+            tokens += [bytes([b]) for b in range(256)]
+        self.stop = sorted(int(i) for i in stop_ids)
+        special = sorted(set(vb.special) | set(self.stop))
+        wrapped = llguidance.TokenizerWrapper(_Wrapped(tokenizer.tok, tokens, special, self.stop[0], base))
+        self.ll = llguidance.LLTokenizer(wrapped, eos_token=self.stop)
+        self.size = self.ll.vocab_size
+        self.width = max(int(logits_width), self.n_text)
+        self.words = (self.size + 31) // 32  # int32 words of one bitmask
+        self.executor = llguidance.LLExecutor(num_threads=1)
+        # the completion search's preference over text tokens (stops and specials never in it)
+        keys = [(_rank_key(tokens[i]), i) for i in range(self.n_text) if i not in vb.special and i not in self.stop]
+        self.order = np.array([i for _, i in sorted(keys)], dtype=np.int64)
+        self.json_options = ({"whitespace_flexible": True} if vb.space_joined
+                             else {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+
+    def compile(self, constraint: Constraint) -> str:
+        """The llguidance grammar of `constraint` for this vocabulary (checked: a grammar the
+        library rejects raises UnmaskError with its message)."""
+        sub = constraint.sub_grammar(self.json_options)
+        if self.space_joined:  # the text the grammar reads starts with the space of the first word
+            top = {"grammars": [{"lark_grammar": 'start: /[ \\x01]/ @answer'}, {"name": "answer", **sub}]}
+        else:
+            top = {"grammars": [sub]}
+        grammar = json.dumps(top)
+        failed, messages = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.ll)
+        if failed:
+            raise UnmaskError(f"{constraint.kind} constraint rejected by the grammar engine: "
+                              f"{_first_line(messages[0])}", param=constraint.kind)
+        return grammar
+
+    def matcher(self, grammar: str):
+        m = self._llg.LLMatcher(self.ll, grammar, log_level=0)
+        if m.is_error():
+            raise UnmaskError(f"constraint rejected by the grammar engine: {_first_line(m.get_error())}")
+        return m
+
+    def allowed(self, matcher) -> np.ndarray:
+        """(size,) bool: the tokens `matcher` allows next."""
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[: self.size].astype(bool)
+
+    def complete(self, matcher, budget: int) -> list[int] | None:
+        """A token sequence of at most `budget` tokens after which `matcher` accepts (the greedy
+        search of the module docstring), or None. `matcher` is not changed."""
+        m, out = matcher.deep_copy(), []
+        while True:
+            if m.is_accepting():
+                return out
+            if len(out) >= budget or m.is_error() or m.is_stopped():
+                return None
+            ff = m.compute_ff_tokens()
+            nxt = ff[0] if ff and ff[0] < self.n_text else None
+            if nxt is None:
+                ok = self.allowed(m)
+                pick = self.order[ok[self.order]]
+                if pick.size == 0:
+                    return None
+                nxt = int(pick[0])
+            if not m.consume_token(nxt):
+                return None
+            out.append(nxt)
+
+    def bitmask(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, self.words, dtype=torch.int32)
+
+    def fill(self, matchers: list, bitmask: torch.Tensor) -> None:
+        """Each matcher's mask of allowed next tokens into bitmask row k (one parallel call)."""
+        self.executor.unsafe_compute_mask_ptr([(m, k) for k, m in enumerate(matchers)], bitmask.data_ptr(),
+                                              self.words * 4, bitmask.shape[0])
+
+    def unpack(self, bitmask: torch.Tensor, width: int) -> torch.Tensor:
+        """(n, words) int32 bitmask -> (n, width) bool over the model's logits (text tokens only)."""
+        bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+        out = ((bitmask[:, :, None] >> bits) & 1).bool().flatten(1)
+        keep = torch.zeros(bitmask.shape[0], width, dtype=torch.bool, device=bitmask.device)
+        n = min(width, self.n_text, out.shape[1])
+        keep[:, :n] = out[:, :n]
+        return keep
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "unknown error"
+
+
+class RowGrammar:
+    """One constrained request's grammar state (see the module docstring). `length`: the answer's
+    canvas (gen_length tokens): the plan made here must fit it, else the constraint is refused."""
+
+    def __init__(self, vocab: GrammarVocab, constraint: Constraint, length: int) -> None:
+        self.vocab, self.constraint = vocab, constraint
+        self.m = vocab.matcher(vocab.compile(constraint))
+        self.finished = False  # an end of text was accepted: the rest of the canvas is end of text
+        self.forced = 0  # frontier tokens replaced by the plan's (room), for the stats
+        self.rejected = 0  # committed tokens the grammar (or the room) rejected, masked again
+        plan = vocab.complete(self.m, length)
+        if plan is None:
+            if not vocab.allowed(self.m)[: vocab.n_text].any() and not self.m.is_accepting():
+                raise UnmaskError(f"{constraint.describe()}: no text in this model's vocabulary can start it "
+                                  f"(it matches nothing this {vocab.kind} tokenizer can write)", param=constraint.kind)
+            raise UnmaskError(f"{constraint.describe()}: no completion within gen_length {length} tokens was found; "
+                              "raise gen_length", param=constraint.kind)
+        self.plan = plan
+
+    def advance(self, run: list[int], room: int) -> tuple[list[int], bool]:
+        """Check the committed tokens `run` that follow the validated prefix (the first at the
+        frontier), with `room` positions from the frontier to the canvas's end. Returns (keep,
+        remask): the tokens now validated (run's first ones, but the first may be replaced by the
+        plan's token when it leaves no room: the frontier always advances when `run` is
+        non-empty), and whether the position after them is masked again (a token the grammar or
+        the room rejects)."""
+        if self.finished or not run:
+            return [], False
+        m, stop, keep = self.m, self.vocab.stop, []
+        for t in run:
+            if t in stop:
+                if m.is_accepting():
+                    m.consume_token(t)
+                    keep.append(t)
+                    self.finished = True
+                break
+            if t >= self.vocab.n_text or m.try_consume_tokens([t]) != 1:
+                break
+            keep.append(t)
+        n = len(keep)
+        if n and not self.finished:  # the room: the new prefix must still be completable in what is left
+            plan = self.plan[n:] if keep == self.plan[:n] else self.vocab.complete(m, room - n)
+            while plan is None and n:
+                m.rollback(1)
+                n -= 1
+                plan = self.plan[n:] if keep[:n] == self.plan[:n] else self.vocab.complete(m, room - n)
+            keep = keep[:n]
+            self.plan = plan
+        if not keep:  # the frontier's token is rejected: the plan's next token takes its place
+            t = self.plan[0] if self.plan else stop[0]
+            m.consume_token(t)
+            self.finished = t in stop
+            self.plan = self.plan[1:]
+            self.forced += 1
+            return [t], False
+        remask = len(keep) < len(run) and not self.finished
+        self.rejected += remask
+        return keep, remask

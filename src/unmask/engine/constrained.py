@@ -1,0 +1,106 @@
+"""Structured output for masked rows: the grammar at each constrained row's frontier.
+
+A constrained row (a request with a RowGrammar, unmask.constrain) decodes as any masked row —
+its commit policy, cache and blocks unchanged — with three additions per forward:
+1. `before` (ahead of the proposals): the logits at the row's frontier (its first position not
+   yet checked) keep only the tokens the grammar allows after the validated prefix; the frontier
+   commits this forward even when the policy would not have picked it (so a constrained row
+   writes at least one valid token per forward: it never takes more forwards than its tokens);
+   a revising policy may not edit or remask the validated prefix.
+2. the commit as usual: tokens right of the frontier are the model's own, unchecked yet;
+3. `after`: the committed run from the frontier is checked (RowGrammar.advance): accepted tokens
+   move the frontier, the first rejected one is masked again (the model proposes it anew at the
+   next step, then under the grammar's mask), and the frontier's token is replaced by the
+   grammar's plan when it would leave no room to finish. Once the grammar accepts an end of text,
+   the rest of the answer is end of text.
+A block is left only when all its positions are committed, and every committed position of it
+has then been checked, so nothing outside the open block is ever changed (caches stay exact).
+
+The grammar work is on the host, row by row (llguidance); the tensor work is one masked fill
+and one scatter per forward, over the constrained rows only."""
+
+import torch
+
+from unmask.engine.rows import RowState
+
+
+class Constrained:
+    def __init__(self, rows: RowState, mask_id: int, eos: int) -> None:
+        self.rows, self.mask, self.eos = rows, mask_id, eos
+        self.count = 0  # running constrained rows (nothing is done while there are none)
+
+    def admit(self, req) -> None:
+        if req.grammar is not None:
+            req.grammar.front = len(req.prompt)
+            self.count += 1
+
+    def remove(self, req) -> None:
+        self.count -= req.grammar is not None
+
+    def _rows(self, idx: torch.Tensor) -> list[tuple[int, object, int]]:
+        """(position in idx, grammar, the open block's start) of the constrained rows in `idx`."""
+        r = self.rows
+        rows = idx.tolist()
+        picked = [(k, row) for k, row in enumerate(rows)
+                  if r.reqs[row].grammar is not None and not r.reqs[row].grammar.finished]
+        if not picked:
+            return []
+        starts = r.s[torch.tensor([row for _, row in picked], device=r.device)].tolist()
+        return [(k, r.reqs[row].grammar, s) for (k, row), s in zip(picked, starts)]
+
+    def before(self, idx: torch.Tensor, logits: torch.Tensor, W: int):
+        """Mask the frontier's logits in place; returns (force, lock): (B, W) bool, the frontier
+        column of each constrained row and its validated columns, or (None, None)."""
+        if not self.count:
+            return None, None
+        rows = self._rows(idx)
+        if not rows:
+            return None, None
+        dev = logits.device
+        vocab = rows[0][1].vocab
+        bitmask = vocab.bitmask(len(rows))
+        vocab.fill([g.m for _, g, _ in rows], bitmask)
+        allowed = vocab.unpack(bitmask, logits.shape[-1]).to(dev)
+        k = torch.tensor([k for k, _, _ in rows], device=dev)
+        w = torch.tensor([g.front - s for _, g, s in rows], device=dev)
+        logits[k, w] = logits[k, w].masked_fill(~allowed, -torch.inf)
+        B = idx.numel()
+        force = torch.zeros(B, W, dtype=torch.bool, device=dev)
+        force[k, w] = True
+        lock = torch.zeros(B, W, dtype=torch.bool, device=dev)
+        lock[k] = torch.arange(W, device=dev)[None, :] < w[:, None]
+        return force, lock
+
+    def after(self, idx: torch.Tensor) -> None:
+        """Check what the forward committed from each constrained row's frontier (see above)."""
+        if not self.count:
+            return
+        rows = self._rows(idx)
+        if not rows:
+            return
+        r = self.rows
+        sel = idx[torch.tensor([k for k, _, _ in rows], device=idx.device)]
+        x = r.x[sel]
+        ends = r.L[sel].tolist()
+        canvas = x.tolist()
+        wr, wc, wv = [], [], []
+        for j, ((_, g, _), row, L) in enumerate(zip(rows, canvas, ends)):
+            f = g.front
+            run = []
+            while f + len(run) < L and row[f + len(run)] != self.mask:
+                run.append(row[f + len(run)])
+            keep, remask = g.advance(run, L - f)
+            for i, t in enumerate(keep):
+                if t != row[f + i]:
+                    wr.append(j), wc.append(f + i), wv.append(t)
+            g.front = f + len(keep)
+            if remask:
+                wr.append(j), wc.append(g.front), wv.append(self.mask)
+            if g.finished:  # the answer ended: end of text to the end of its canvas
+                for c in range(g.front, L):
+                    if row[c] != self.eos:
+                        wr.append(j), wc.append(c), wv.append(self.eos)
+        if wr:
+            dev = x.device
+            x[torch.tensor(wr, device=dev), torch.tensor(wc, device=dev)] = torch.tensor(wv, device=dev, dtype=x.dtype)
+            r.x[sel] = x
