@@ -22,7 +22,33 @@ LLADA_TEMPLATE = (
 )
 
 
-def _write_tokenizer(folder: Path, specials: list[str]) -> dict[str, int]:
+# what the byte-level BPE below is trained on: JSON, numbers, words and code-like text
+BPE_CORPUS = [
+    '{"name": "ann", "age": 42, "tags": ["a", "b"], "ok": true, "x": null}',
+    '[1, 2.5, -3e4, {"k": "v"}] the quick brown fox jumps over the lazy dog 0123456789',
+    'def f(x):\n    return x + 1  # user assistant email@example.com 2026-12-03 http://a.b/c',
+] * 20
+
+
+def _write_bpe_tokenizer(folder: Path, specials: list[str], size: int = 400) -> dict[str, int]:
+    """A byte-level BPE tokenizer (every real checkpoint's kind): the 256 bytes, merges trained on
+    BPE_CORPUS, then the specials."""
+    from tokenizers import decoders, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(BPE_CORPUS, trainer)
+    tok.add_special_tokens(specials)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok.get_vocab(with_added_tokens=True)
+
+
+def _write_tokenizer(folder: Path, specials: list[str], bpe: bool = False) -> dict[str, int]:
+    if bpe:
+        return _write_bpe_tokenizer(folder, specials)
     vocab = {t: i for i, t in enumerate(WORDS)}
     for s in specials:
         vocab[s] = len(vocab)
@@ -66,11 +92,13 @@ def llada_tensors(vocab: int, d: int, layers: int, heads: int, kv_heads: int, ff
     return t
 
 
-def write_llada(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shards=2, max_len=512) -> Path:
+def write_llada(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shards=2, max_len=512,
+                bpe: bool = False) -> Path:
+    """`bpe`: a byte-level BPE tokenizer (as LLaDA's) instead of the tiny word-level one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = _write_tokenizer(folder, LLADA_SPECIALS)
-    V = len(vocab) + 3  # embedding_size may exceed the tokenizer's vocabulary, as in LLaDA-8B
+    vocab = _write_tokenizer(folder, LLADA_SPECIALS, bpe)
+    V = max(vocab.values()) + 4  # embedding_size may exceed the tokenizer's vocabulary, as in LLaDA-8B
     cfg = {
         "architectures": ["LLaDAModelLM"],
         "model_type": "llada",

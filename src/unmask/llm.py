@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from unmask.accept import accept, refuse_unused_renoising
+from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
@@ -271,16 +272,27 @@ class LLM:
                        finish_reason="stop" if stops == len(t.holes) else "length")
 
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
-                 chat: bool | None = None, unknown_words: str = "error", suffix=None) -> BatchOutput:
+                 chat: bool | None = None, unknown_words: str = "error", suffix=None,
+                 constraint: Constraint | None = None) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
         `chat` is not False) or lists of token ids. Without `params`: `default_params()`; a dict
         names GenerationParams fields. Out-of-vocabulary words: see `encode`. `suffix`: the text
         after the hole (infilling: the prompt is the text before it, gen_length the hole), one
         per prompt (a string or ids; a string for a single text prompt); full-attention masked
-        models only (unmask.inputs.check_suffix)."""
+        models only (unmask.inputs.check_suffix). `constraint` (unmask.constrain.Constraint: a
+        JSON schema, regex, choice or grammar): every answer is a word of its language
+        (structured output; docs/structured-output.md)."""
         params = self._params(params)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
+        if constraint is not None:
+            if self.ranks is not None:
+                raise UnmaskError("structured output under tensor parallelism is not supported yet (the grammar "
+                                  "masks a whole vocabulary; each rank holds a slice)", param="structured_outputs")
+            if suffix is not None:
+                raise UnmaskError("structured output with a suffix is not supported: the grammar constrains an "
+                                  "answer written from its start", param="structured_outputs")
+            return self._generate_engine(ids, params, constraint=constraint)
         tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
         if tails is not None:
             for p, s in zip(ids, tails):
@@ -292,7 +304,8 @@ class LLM:
         return self._generate_ids(ids, params, tails)
 
     def generate_batches(self, prompts: list, params: GenerationParams, batch_size: int, chat: bool | None = False,
-                         unknown_words: str = "error", progress=None, suffixes: list | None = None) -> list[BatchOutput]:
+                         unknown_words: str = "error", progress=None, suffixes: list | None = None,
+                         constraint: Constraint | None = None) -> list[BatchOutput]:
         """`prompts` decoded `batch_size` at a time: one BatchOutput per batch, in order;
         `progress(k)` after each batch of k prompts; `suffixes`: one per prompt (infilling).
         (unmask.bench.data_parallel spreads the batches over Ray Data actors with the same results.)"""
@@ -300,7 +313,7 @@ class LLM:
         for i in range(0, len(prompts), batch_size):
             tails = None if suffixes is None else list(suffixes[i : i + batch_size])
             outs.append(self.generate(list(prompts[i : i + batch_size]), params, chat=chat, unknown_words=unknown_words,
-                                      suffix=tails))
+                                      suffix=tails, constraint=constraint))
             if progress:
                 progress(len(outs[-1].results))
         return outs
@@ -333,7 +346,7 @@ class LLM:
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams | list[GenerationParams],
                          suffixes: list[list[int]] | None = None, fills: list | None = None,
-                         lockstep: bool = False) -> BatchOutput:
+                         lockstep: bool = False, constraint: Constraint | None = None) -> BatchOutput:
         """Offline generation is "add every request, step until done" on the serving engine.
         `params`: one for every prompt, or one each. `lockstep`: under tensor parallelism, on
         rank 0's engine replayed on the other ranks (else every rank runs this same call)."""
@@ -343,7 +356,7 @@ class LLM:
         engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
         reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],
-                                   fill=None if fills is None else fills[r])
+                                   fill=None if fills is None else fills[r], constraint=constraint)
                 for r, p in enumerate(ids)]
         while engine.has_unfinished():
             engine.step()

@@ -24,6 +24,10 @@ class GenerationResult:
     # `hole_stops` how many holes ended with an end of text (finish_reason "stop": all of them)
     holes: list[str] | None = None
     hole_stops: int = 0
+    # structured output: frontier tokens the grammar's plan replaced (no room left to finish
+    # otherwise), and committed tokens the grammar rejected and masked again
+    grammar_forced: int = 0
+    grammar_rejected: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -37,7 +41,7 @@ class GenerationResult:
         return self.num_tokens / self.nfe if self.nfe else 0.0
 
 
-_COUNTERS = ("seal_forwards", "edits", "remasked", "draft_forwards")
+_COUNTERS = ("seal_forwards", "edits", "remasked", "draft_forwards", "grammar_forced", "grammar_rejected")
 
 
 @dataclass

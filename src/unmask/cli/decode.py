@@ -22,6 +22,7 @@ from unmask.cli.common import (
     positive,
     progress_bar,
 )
+from unmask.constrain import Constraint
 from unmask.errors import UnmaskError
 
 
@@ -37,6 +38,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.chat and (a.suffix is not None or template is not None):
         raise UnmaskError("--chat wraps the prompt in the chat template; infilling reads the text before the hole "
                           "as it is")
+    constraint = _constraint(a)
+    if constraint is not None and (a.suffix is not None or template is not None):
+        raise UnmaskError("--json-schema / --regex / --choice / --grammar constrain an answer written from its start; "
+                          "not with --suffix or a template")
     given_params(a)  # reject a bad flag before loading anything
     llm = load_llm(a)
     params = params_for(llm, a, fast=True)
@@ -44,7 +49,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         out = llm.infill(template, params)
     else:
         prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
-        out = llm.generate(prompts, params, chat=False if a.suffix is not None else a.chat, suffix=a.suffix)
+        out = llm.generate(prompts, params, chat=False if a.suffix is not None else a.chat, suffix=a.suffix,
+                           constraint=constraint)
     policy = ("speculative" if llm.drafter is not None else "autoregressive") if llm.arch.causal else params.policy
     if a.json:
         exact = params.compat is not None  # compat modes return the whole canvas, like the reference
@@ -211,6 +217,31 @@ def diagnose_outputs(out: str) -> tuple:
     return plots
 
 
+def _read_text(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnmaskError(f"{flag} {path}: cannot read it as UTF-8 text ({type(e).__name__})") from None
+
+
+def _constraint(a: argparse.Namespace) -> Constraint | None:
+    """Structured output from --json-schema FILE, --regex R, --choice A,B or --grammar FILE (one of them)."""
+    given = [(k, v) for k, v in (("json", a.json_schema), ("regex", a.regex), ("choice", a.choice),
+                                 ("grammar", a.grammar)) if v is not None]
+    if len(given) > 1:
+        raise UnmaskError("give one of --json-schema, --regex, --choice and --grammar")
+    if not given:
+        return None
+    kind, value = given[0]
+    if kind == "json":
+        return Constraint.json_schema(_read_text(value, "--json-schema"))
+    if kind == "grammar":
+        return Constraint.grammar(_read_text(value, "--grammar"))
+    if kind == "choice":
+        return Constraint.choice([c.strip() for c in value.split(",")])
+    return Constraint.regex(value)
+
+
 def _template(a: argparse.Namespace) -> str | None:
     """The template text of --template (the prompt) or --template-file, or None."""
     if a.template_file is not None:
@@ -241,6 +272,12 @@ def add_parsers(sub) -> dict:
                    help="the prompt is a template with holes: <|hole:N|> (N tokens) or <|hole|> (--gen-length); "
                         "prints it filled")
     g.add_argument("--template-file", default=None, metavar="PATH", help="read the template from a file")
+    so = g.add_argument_group("structured output (docs/structured-output.md)")
+    so.add_argument("--json-schema", default=None, metavar="FILE", help="the answer is JSON valid against this schema")
+    so.add_argument("--regex", default=None, metavar="R", help="the answer matches this regular expression")
+    so.add_argument("--choice", default=None, metavar="A,B", help="the answer is one of these comma-separated strings")
+    so.add_argument("--grammar", default=None, metavar="FILE",
+                    help="the answer is a word of this Lark grammar (llguidance's dialect; GBNF is converted)")
     add_model_args(g)
     add_decoding_args(g, FAST_TEXT)
 

@@ -8,7 +8,7 @@ canvas. The plan is what makes a fixed-length canvas safe: a token is accepted a
 only if a completion of the new prefix is found that fits (the plan's own next token always
 fits), so the answer can always end in an accepting state before the canvas runs out. The
 completion search (`complete`) is greedy over llguidance's token masks, preferring tokens that
-close structure (quotes, brackets), then digits, punctuation and letters, whitespace last; it is
+close structure (quotes, brackets), then punctuation, digits and letters, whitespace last; it is
 not exhaustive, so a prefix whose completion it misses is refused although one may exist (it
 never accepts one that cannot finish)."""
 
@@ -21,16 +21,18 @@ from unmask.constrain.spec import Constraint
 from unmask.constrain.vocab import vocab_bytes
 from unmask.errors import UnmaskError
 
-_CLOSE = b"\"}])'>"
+_CLASSES = 8
 
 
 def _rank_key(raw: bytes) -> tuple:
+    """The completion search's preference: brackets that close, quotes, separators, other
+    punctuation and spaces, zero, digits, letters, anything else; shorter first."""
     text = raw.lstrip(b" ")
-    if not text:
-        return (6, len(raw))
+    if not text:  # spaces only: with punctuation (a regex's " }" may need " " then "}")
+        return (3, len(raw))
     c = text[:1]
-    cls = 0 if c in _CLOSE else 1 if c == b"0" else 2 if c.isdigit() else 5 if c.isspace() else \
-        4 if c.isalpha() else 3
+    cls = 0 if c in b"}])>" else 1 if c in b"\"'" else 2 if c in b",:;" else 4 if c == b"0" else \
+        5 if c.isdigit() else 6 if c.isalpha() else 7 if c.isspace() or c >= b"\x80" else 3
     return (cls, len(text))
 
 
@@ -97,6 +99,11 @@ class GrammarVocab:
         # the completion search's preference over text tokens (stops and specials never in it)
         keys = [(_rank_key(tokens[i]), i) for i in range(self.n_text) if i not in vb.special and i not in self.stop]
         self.order = np.array([i for _, i in sorted(keys)], dtype=np.int64)
+        ranks = {i: k[0] for k, i in keys}
+        self.classes = [np.array([i for i in self.order if ranks[i] == c], dtype=np.int64) for c in range(_CLASSES)]
+        self.rank = np.full(len(tokens), _CLASSES, dtype=np.int64)
+        self.rank[list(ranks)] = list(ranks.values())
+        self.blank = np.array([i for i in self.order if not tokens[i].strip()], dtype=np.int64)  # spaces only
         self.json_options = ({"whitespace_flexible": True} if vb.space_joined
                              else {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
 
@@ -126,10 +133,21 @@ class GrammarVocab:
         bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self.size].astype(bool)
 
-    def complete(self, matcher, budget: int) -> list[int] | None:
-        """A token sequence of at most `budget` tokens after which `matcher` accepts (the greedy
-        search of the module docstring), or None. `matcher` is not changed."""
-        m, out = matcher.deep_copy(), []
+    def complete(self, matcher, budget: int, tries: int = 2) -> list[int] | None:
+        """A token sequence of at most `budget` tokens after which `matcher` accepts, or None
+        (`matcher` is not changed). The greedy search of the module docstring: a token after
+        which the grammar accepts (or after one more token), else closing tokens first, then
+        punctuation, digits, letters and whitespace, a token used twice already in this completion
+        after the others; when it fails, `tries` - 1 more runs draw each token from the 16
+        preferred ones (seeded: the same answer every time)."""
+        for attempt in range(tries):
+            out = self._greedy(matcher, budget, None if attempt == 0 else np.random.default_rng(attempt))
+            if out is not None:
+                return out
+        return None
+
+    def _greedy(self, matcher, budget: int, rng) -> list[int] | None:
+        m, out, used, last = matcher.deep_copy(), [], {}, -1
         while True:
             if m.is_accepting():
                 return out
@@ -139,13 +157,49 @@ class GrammarVocab:
             nxt = ff[0] if ff and ff[0] < self.n_text else None
             if nxt is None:
                 ok = self.allowed(m)
-                pick = self.order[ok[self.order]]
-                if pick.size == 0:
+                pick = self.order[ok[self.order]][:64].tolist()
+                if not pick:
                     return None
-                nxt = int(pick[0])
+                nxt = next((t for t in pick[:8] if self._ends(m, t)), None)  # one that ends it now
+                if nxt is None:  # one after which a token ends it (spaces tried too: " }" may be " ", "}")
+                    spaces = self.blank[ok[self.blank]][:2].tolist()
+                    firsts = [int(c[ok[c]][0]) for c in self.classes if ok[c].any()]  # each class's first
+                    nxt = next((t for t in dict.fromkeys(pick[:8] + spaces + firsts) if self._ends_after(m, t)), None)
+                if nxt is None and rng is not None:  # a random draw: of the preferred ones, or of any allowed
+                    pool = pick[:16] if rng.random() < 0.5 else self.order[ok[self.order]]
+                    nxt = int(rng.choice(pool))
+                if nxt is None:  # loops end: a digit, letter or other text token used twice, or one
+                    # more after one of its class, goes after the others, and so does punctuation of
+                    # a class written three times in a row already ("))>" in a string: then a quote)
+                    def penalty(t: int) -> tuple:
+                        if self.rank[t] >= 4:
+                            return (used.get(t, 0) // 2, self.rank[t] == last)
+                        return (int(len(out) >= 3 and all(self.rank[u] == self.rank[t] for u in out[-3:])), False)
+
+                    nxt = min(pick, key=penalty)
+            used[nxt] = used.get(nxt, 0) + 1
+            last = int(self.rank[nxt])
             if not m.consume_token(nxt):
                 return None
             out.append(nxt)
+
+    @staticmethod
+    def _ends(m, t: int) -> bool:
+        """Would token `t` leave `m` accepting? (`m` unchanged)"""
+        if m.try_consume_tokens([t]) != 1:
+            return False
+        ends = m.is_accepting()
+        m.rollback(1)
+        return ends
+
+    def _ends_after(self, m, t: int) -> bool:
+        """Would token `t` and then one of the 8 preferred next tokens leave `m` accepting?"""
+        if m.try_consume_tokens([t]) != 1:
+            return False
+        ok = self.allowed(m)
+        ends = any(self._ends(m, int(u)) for u in self.order[ok[self.order]][:8])
+        m.rollback(1)
+        return ends
 
     def bitmask(self, n: int) -> torch.Tensor:
         return torch.zeros(n, self.words, dtype=torch.int32)
@@ -179,7 +233,7 @@ class RowGrammar:
         self.finished = False  # an end of text was accepted: the rest of the canvas is end of text
         self.forced = 0  # frontier tokens replaced by the plan's (room), for the stats
         self.rejected = 0  # committed tokens the grammar (or the room) rejected, masked again
-        plan = vocab.complete(self.m, length)
+        plan = vocab.complete(self.m, length, tries=16)
         if plan is None:
             if not vocab.allowed(self.m)[: vocab.n_text].any() and not self.m.is_accepting():
                 raise UnmaskError(f"{constraint.describe()}: no text in this model's vocabulary can start it "
@@ -223,7 +277,9 @@ class RowGrammar:
             self.finished = t in stop
             self.plan = self.plan[1:]
             self.forced += 1
-            return [t], False
+            remask = len(run) > 1 and not self.finished  # the run's next token is checked after a mask
+            self.rejected += remask
+            return [t], remask
         remask = len(keep) < len(run) and not self.finished
         self.rejected += remask
         return keep, remask

@@ -37,38 +37,44 @@ class Constrained:
     def remove(self, req) -> None:
         self.count -= req.grammar is not None
 
-    def _rows(self, idx: torch.Tensor) -> list[tuple[int, object, int]]:
-        """(position in idx, grammar, the open block's start) of the constrained rows in `idx`."""
+    def _rows(self, idx: torch.Tensor, finished: bool = False) -> list[tuple[int, object, int, int]]:
+        """(position in idx, grammar, the open block's start and end) of the constrained rows in
+        `idx` (with `finished`, those whose grammar has accepted an end of text too)."""
         r = self.rows
         rows = idx.tolist()
         picked = [(k, row) for k, row in enumerate(rows)
-                  if r.reqs[row].grammar is not None and not r.reqs[row].grammar.finished]
+                  if r.reqs[row].grammar is not None and (finished or not r.reqs[row].grammar.finished)]
         if not picked:
             return []
-        starts = r.s[torch.tensor([row for _, row in picked], device=r.device)].tolist()
-        return [(k, r.reqs[row].grammar, s) for (k, row), s in zip(picked, starts)]
+        sel = torch.tensor([row for _, row in picked], device=r.device)
+        bounds = torch.stack([r.s[sel], r.e[sel]], 1).tolist()
+        return [(k, r.reqs[row].grammar, s, e) for (k, row), (s, e) in zip(picked, bounds)]
 
     def before(self, idx: torch.Tensor, logits: torch.Tensor, W: int):
         """Mask the frontier's logits in place; returns (force, lock): (B, W) bool, the frontier
         column of each constrained row and its validated columns, or (None, None)."""
         if not self.count:
             return None, None
-        rows = self._rows(idx)
-        if not rows:
+        every = self._rows(idx, finished=True)
+        if not every:
             return None, None
-        dev = logits.device
-        vocab = rows[0][1].vocab
-        bitmask = vocab.bitmask(len(rows))
-        vocab.fill([g.m for _, g, _ in rows], bitmask)
-        allowed = vocab.unpack(bitmask, logits.shape[-1]).to(dev)
-        k = torch.tensor([k for k, _, _ in rows], device=dev)
-        w = torch.tensor([g.front - s for _, g, s in rows], device=dev)
-        logits[k, w] = logits[k, w].masked_fill(~allowed, -torch.inf)
-        B = idx.numel()
+        dev, B = logits.device, idx.numel()
+        lock = torch.zeros(B, W, dtype=torch.bool, device=dev)  # the validated prefix (all of a finished one)
+        k = torch.tensor([k for k, *_ in every], device=dev)
+        upto = torch.tensor([e if g.finished else g.front for _, g, _, e in every], device=dev)
+        lock[k] = torch.arange(W, device=dev)[None, :] < (upto - torch.tensor([s for *_, s, _ in every], device=dev))[:, None]
         force = torch.zeros(B, W, dtype=torch.bool, device=dev)
-        force[k, w] = True
-        lock = torch.zeros(B, W, dtype=torch.bool, device=dev)
-        lock[k] = torch.arange(W, device=dev)[None, :] < w[:, None]
+        # a revising policy's post steps keep a block open after its last mask: no frontier in it
+        rows = [row for row in every if not row[1].finished and row[1].front < row[3]]
+        if rows:
+            vocab = rows[0][1].vocab
+            bitmask = vocab.bitmask(len(rows))
+            vocab.fill([g.m for _, g, _, _ in rows], bitmask)
+            allowed = vocab.unpack(bitmask, logits.shape[-1]).to(dev)
+            k = torch.tensor([k for k, *_ in rows], device=dev)
+            w = torch.tensor([g.front - s for _, g, s, _ in rows], device=dev)
+            logits[k, w] = logits[k, w].masked_fill(~allowed, -torch.inf)
+            force[k, w] = True
         return force, lock
 
     def after(self, idx: torch.Tensor) -> None:
@@ -79,12 +85,12 @@ class Constrained:
         if not rows:
             return
         r = self.rows
-        sel = idx[torch.tensor([k for k, _, _ in rows], device=idx.device)]
+        sel = idx[torch.tensor([k for k, *_ in rows], device=idx.device)]
         x = r.x[sel]
         ends = r.L[sel].tolist()
         canvas = x.tolist()
         wr, wc, wv = [], [], []
-        for j, ((_, g, _), row, L) in enumerate(zip(rows, canvas, ends)):
+        for j, ((_, g, _, _), row, L) in enumerate(zip(rows, canvas, ends)):
             f = g.front
             run = []
             while f + len(run) < L and row[f + len(run)] != self.mask:

@@ -69,8 +69,11 @@ class Request:
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:
-        """Its row kind's counters by name (empty before it was added)."""
-        return {} if self.stats is None else self.stats.as_dict()
+        """Its row kind's counters by name (empty before it was added), and its grammar's."""
+        out = {} if self.stats is None else self.stats.as_dict()
+        if self.grammar is not None:
+            out.update(grammar_forced=self.grammar.forced, grammar_rejected=self.grammar.rejected)
+        return out
 
     @property
     def done(self) -> bool:
