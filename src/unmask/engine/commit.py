@@ -34,13 +34,12 @@ class Committer:
         self.tp, self.vocab = tp, vocab
 
     def commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool,
-               watching: bool, force: torch.Tensor | None = None, lock: torch.Tensor | None = None) -> Committed:
+               watching: bool, lock: torch.Tensor | None = None) -> Committed:
         """Propose, select and write for rows `idx`, one call per distinct setting among the
         running rows (a few groups, not one per row). With `verify` (the step's first cached
         window) a cache policy that verifies may doubt its rows' step: they commit nothing here and
-        the step recomputes them. `force`, `lock` ((B, W) bool, structured output's rows,
-        engine/constrained.py): columns committed whatever the policy picks, and committed
-        columns a revising policy may not change."""
+        the step recomputes them. `lock` ((B, W) bool, structured output's rows,
+        engine/constrained.py): committed columns a revising policy may not change."""
         r = self.rows
         ar = torch.arange(W, device=r.device)[None, :]
         valid = ar < (r.e - s)[idx, None]
@@ -69,8 +68,6 @@ class Committer:
                 quota = torch.where(over, cand[sel].sum(-1), q)
             # native policies ignore the step index (only Dream's compat policy reads it)
             c = parts.policy.select(score, ent, cand[sel], quota, 0, None) & cand[sel]
-            if force is not None:
-                c = c | (force[sel] & cand[sel])
             if verify and parts.cache.verifies:  # the probability of each proposed token
                 doubt[sel] = parts.cache.doubts(token_prob(logits[sel], tok, self.tp, self.vocab), c)
             tokens[sel], commit[sel] = tok, c

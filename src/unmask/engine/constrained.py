@@ -3,11 +3,11 @@
 A constrained row (a request with a RowGrammar, unmask.constrain) decodes as any masked row —
 its commit policy, cache and blocks unchanged — with three additions per forward:
 1. `before` (ahead of the proposals): the logits at the row's frontier (its first position not
-   yet checked) keep only the tokens the grammar allows after the validated prefix; the frontier
-   commits this forward even when the policy would not have picked it (so a constrained row
-   writes at least one valid token per forward: it never takes more forwards than its tokens);
-   a revising policy may not edit or remask the validated prefix.
-2. the commit as usual: tokens right of the frontier are the model's own, unchecked yet;
+   yet checked) keep only the tokens the grammar allows after the validated prefix (so the
+   frontier's confidence is the model's, renormalised over what the grammar allows); a revising
+   policy may not edit or remask the validated prefix;
+2. the commit as usual, by the row's own policy: tokens right of the frontier are the model's
+   own, unchecked yet;
 3. `after`: the committed run from the frontier is checked (RowGrammar.advance): accepted tokens
    move the frontier, the first rejected one is masked again (the model proposes it anew at the
    next step, then under the grammar's mask), and the frontier's token is replaced by the
@@ -15,6 +15,12 @@ its commit policy, cache and blocks unchanged — with three additions per forwa
    the rest of the answer is end of text.
 A block is left only when all its positions are committed, and every committed position of it
 has then been checked, so nothing outside the open block is ever changed (caches stay exact).
+
+Decoding ends: every forward commits at least one masked position of the block (the policies'
+rule); a token is masked again only when the frontier reaches it, so each forward either moves
+the frontier or commits a position right of it, and once the block is full but for the
+frontier, the next forward commits the frontier: at most 2 x block_length forwards per block
+(plus a revising policy's post steps).
 
 The grammar work is on the host, row by row (llguidance); the tensor work is one masked fill
 and one scatter per forward, over the constrained rows only."""
@@ -50,20 +56,19 @@ class Constrained:
         bounds = torch.stack([r.s[sel], r.e[sel]], 1).tolist()
         return [(k, r.reqs[row].grammar, s, e) for (k, row), (s, e) in zip(picked, bounds)]
 
-    def before(self, idx: torch.Tensor, logits: torch.Tensor, W: int):
-        """Mask the frontier's logits in place; returns (force, lock): (B, W) bool, the frontier
-        column of each constrained row and its validated columns, or (None, None)."""
+    def before(self, idx: torch.Tensor, logits: torch.Tensor, W: int) -> torch.Tensor | None:
+        """Mask the frontier's logits in place; returns the (B, W) bool lock (each constrained
+        row's validated columns), or None."""
         if not self.count:
-            return None, None
+            return None
         every = self._rows(idx, finished=True)
         if not every:
-            return None, None
+            return None
         dev, B = logits.device, idx.numel()
         lock = torch.zeros(B, W, dtype=torch.bool, device=dev)  # the validated prefix (all of a finished one)
         k = torch.tensor([k for k, *_ in every], device=dev)
         upto = torch.tensor([e if g.finished else g.front for _, g, _, e in every], device=dev)
         lock[k] = torch.arange(W, device=dev)[None, :] < (upto - torch.tensor([s for *_, s, _ in every], device=dev))[:, None]
-        force = torch.zeros(B, W, dtype=torch.bool, device=dev)
         # a revising policy's post steps keep a block open after its last mask: no frontier in it
         rows = [row for row in every if not row[1].finished and row[1].front < row[3]]
         if rows:
@@ -74,8 +79,7 @@ class Constrained:
             k = torch.tensor([k for k, *_ in rows], device=dev)
             w = torch.tensor([g.front - s for _, g, s, _ in rows], device=dev)
             logits[k, w] = logits[k, w].masked_fill(~allowed, -torch.inf)
-            force[k, w] = True
-        return force, lock
+        return lock
 
     def after(self, idx: torch.Tensor) -> None:
         """Check what the forward committed from each constrained row's frontier (see above)."""

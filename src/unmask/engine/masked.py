@@ -148,8 +148,8 @@ class MaskedKind:
         r, t0 = self.rows, time.perf_counter()
         fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
         logits = self.runner.forward(f, work.plan, r.s, work.W)
-        force, lock = self.constrained.before(f.idx, logits, work.W)  # structured output: the frontier's mask
-        done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0, force, lock)
+        lock = self.constrained.before(f.idx, logits, work.W)  # structured output: the frontier's mask
+        done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0, lock)
         self.constrained.after(f.idx)
         if self.observer is not None:
             if self.committer.tp is not None:  # diagnostics compare whole distributions
