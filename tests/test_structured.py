@@ -197,3 +197,35 @@ def test_grammar_state_advance_rules(bpe_llada):
     assert g.advance([eos, x], 7) == ([nxt], True) and g.forced == 1
     g = RowGrammar(v, Constraint.regex("ab|abc"), 8)
     assert g.advance([a, b, eos, x], 8) == ([a, b, eos], False) and g.finished
+
+
+def test_speculative_rows_equal_the_constrained_autoregressive_output(embedded_ar):
+    """A drafter's block is checked by the target's grammar: the output is the constrained
+    autoregressive output token for token, with the shipped drafter and with a random one."""
+    from test_dflash import _random_drafter
+    from unmask import LLM
+
+    drafters = [LLM("default-ar", draft="default-dflash"),
+                LLM.from_parts(embedded_ar.model, embedded_ar.tokenizer, embedded_ar.token_ids,
+                               drafter=_random_drafter(embedded_ar.model, block=4))]
+    prompts = ["json : name ann age 4 2", "pick color red sky :", "copy 1 2 3 :"]
+    for c in [Constraint.json_schema({"type": "object", "properties": {"name": {"enum": ["ann", "bob"]},
+                                                                       "age": {"type": "integer"}},
+                                      "required": ["name", "age"]}),
+              Constraint.regex(r"[0-9]( [0-9])*"), Constraint.choice(["red", "blue", "green"])]:
+        plain = embedded_ar.generate(prompts, {"gen_length": 24}, constraint=c, chat=False)
+        for spec in drafters:
+            out = spec.generate(prompts, {"gen_length": 24}, constraint=c, chat=False)
+            assert [r.token_ids for r in out.results] == [r.token_ids for r in plain.results]
+            assert all(c.matches(r.text) for r in out.results)
+    with pytest.raises(UnmaskError, match="greedy: temperature must be 0"):
+        drafters[0].generate(prompts[:1], {"gen_length": 24, "temperature": 1.0}, constraint=c, chat=False)
+
+
+def test_renoising_rows_are_refused_by_name(tmp_path):
+    from checkpoints import write_diffusion_gemma
+    from unmask import LLM
+
+    llm = LLM(str(write_diffusion_gemma(tmp_path / "dg")))
+    with pytest.raises(UnmaskError, match="renoising rows"):
+        llm.generate(["w1 w2"], None, constraint=Constraint.choice(["w1"]), chat=False)

@@ -192,15 +192,17 @@ def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConf
         get_mode(params.compat).check_prompts(ids, arch.family)
 
 
-def check_constraint(constraint, params: GenerationParams, arch: ArchConfig, kind_constrains: bool, tokenizer,
-                     holes: bool) -> None:
+def check_constraint(constraint, params: GenerationParams, arch: ArchConfig, kind, tokenizer, holes: bool) -> None:
     """Structured output's refusals by name: the row kinds that do not take a constraint, the
     reference modes (they reproduce unconstrained samplers), holes (a suffix or a template), and
-    an engine built without its tokenizer."""
-    if not kind_constrains:
+    an engine built without its tokenizer. `kind`: the engine's row kind (its `constrains`)."""
+    if kind.name == "speculative" and params.temperature > 0:
+        raise UnmaskError("structured output on speculative rows is greedy: temperature must be 0 "
+                          f"(got {params.temperature})", param="temperature")
+    if not getattr(kind, "constrains", False):
         what = {"renoise": "a renoising model rewrites its whole canvas each step; structured output is not "
                            "supported for renoising rows",
-                }.get(arch.kind, "structured output is not supported for speculative rows (a drafter) yet")
+                }.get(arch.kind, f"structured output is not supported for {kind.name} rows")
         raise UnmaskError(what, param="structured_outputs")
     if params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} reproduces an unconstrained reference sampler; structured "

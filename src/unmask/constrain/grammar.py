@@ -230,6 +230,7 @@ class RowGrammar:
     def __init__(self, vocab: GrammarVocab, constraint: Constraint, length: int) -> None:
         self.vocab, self.constraint = vocab, constraint
         self.m = vocab.matcher(vocab.compile(constraint))
+        self.front = 0  # the frontier: the answer's first column not yet checked (set when its row starts)
         self.finished = False  # an end of text was accepted: the rest of the canvas is end of text
         self.forced = 0  # frontier tokens replaced by the plan's (room), for the stats
         self.rejected = 0  # committed tokens the grammar (or the room) rejected, masked again
@@ -241,6 +242,36 @@ class RowGrammar:
             raise UnmaskError(f"{constraint.describe()}: no completion within gen_length {length} tokens was found; "
                               "raise gen_length", param=constraint.kind)
         self.plan = plan
+
+    def copy(self) -> "RowGrammar":
+        """A fresh state for another request with the same constraint and length (its own matcher)."""
+        out = object.__new__(RowGrammar)
+        out.__dict__.update(self.__dict__, m=self.m.deep_copy(), plan=list(self.plan))
+        return out
+
+    def verify(self, logits: torch.Tensor, drafts: list[int], room: int) -> list[int]:
+        """Speculative rows: the tokens an autoregressive target writes under this grammar from
+        `logits` ((k, V): position j scores the token after the j-th block token, the drafts
+        `drafts` being the block's tokens 1..k-1): at each position the argmax of the logits the
+        grammar allows, checked as `advance` checks it (the plan's token when no room is left),
+        then the next position only if the draft there is that token. The grammar state moves
+        past the tokens returned (1 to k). `room`: positions left before the first of them."""
+        out = []
+        vocab = self.vocab
+        for j in range(logits.shape[0]):
+            if self.finished:  # after the end of text: end of text
+                t = self.vocab.stop[0]
+            else:
+                ok = torch.zeros(logits.shape[-1], dtype=torch.bool)
+                allowed = torch.from_numpy(vocab.allowed(self.m))[: min(vocab.n_text, logits.shape[-1])]
+                ok[: allowed.numel()] = allowed
+                t = int(torch.where(ok, logits[j].float(), -torch.inf).argmax())
+                keep, _ = self.advance([t], room - j)
+                t = keep[0]
+            out.append(t)
+            if j >= len(drafts) or drafts[j] != t or t in vocab.stop:
+                break
+        return out
 
     def advance(self, run: list[int], room: int) -> tuple[list[int], bool]:
         """Check the committed tokens `run` that follow the validated prefix (the first at the

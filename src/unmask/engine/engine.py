@@ -58,10 +58,11 @@ class EngineLike(Protocol):
     def step(self) -> list[StepOutput]: ...
 
     @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
-    def _grammar(self, constraint: Constraint, params: GenerationParams, suffix, fill) -> RowGrammar:
-        """A constrained request's grammar state, or a named refusal (constrain.check_constraint)."""
-        check_constraint(constraint, params, self.arch, getattr(self.kind, "constrains", False), self.tokenizer,
-                         bool(suffix) or fill is not None)
+    def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
+        """A constrained request's grammar state (its plan made for params.gen_length), or a named
+        refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
+        `params`: as accepted for this model (add_request accepts them again)."""
+        check_constraint(constraint, params, self.arch, self.kind, self.tokenizer, holes)
         if self._vocab is None:
             self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
         return RowGrammar(self._vocab, constraint, params.gen_length)
@@ -103,14 +104,16 @@ class Engine:
     # --- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
                     watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
-                    constraint: Constraint | None = None) -> Request:
+                    constraint: Constraint | RowGrammar | None = None) -> Request:
         """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
         reference mode is refused) and the prompt checked against them. A watched request's
         StepOutputs carry its whole canvas (the playground). `suffix`: fixed text after the
         generated hole of gen_length tokens (infilling; a full-attention model's rows only).
         `fill`: the generated region's starting tokens, the mask id at each hole and fixed text
         between holes (a template with several holes, unmask.holes; inputs.check_fill).
-        `constraint`: structured output (unmask.constrain): the answer is a word of its language."""
+        `constraint`: structured output (unmask.constrain): the answer is a word of its language
+        (a Constraint, or the RowGrammar `grammar` made for these parameters, e.g. ahead of time
+        by a server so that a refusal is an HTTP 400)."""
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
         check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt))
@@ -122,7 +125,12 @@ class Engine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
-        grammar = None if constraint is None else self._grammar(constraint, params, suffix, fill)
+        if isinstance(constraint, RowGrammar):
+            check_constraint(constraint.constraint, params, self.arch, self.kind, self.tokenizer,
+                             bool(suffix) or fill is not None)
+            grammar = constraint
+        else:
+            grammar = None if constraint is None else self.grammar(constraint, params, bool(suffix) or fill is not None)
         req = Request(rid, list(prompt), params, parts, time.perf_counter(), watch=watch,
                       stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill, grammar=grammar)
         self.scheduler.add(req)
@@ -132,10 +140,11 @@ class Engine:
         return req
 
     @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
-    def _grammar(self, constraint: Constraint, params: GenerationParams, suffix, fill) -> RowGrammar:
-        """A constrained request's grammar state, or a named refusal (constrain.check_constraint)."""
-        check_constraint(constraint, params, self.arch, getattr(self.kind, "constrains", False), self.tokenizer,
-                         bool(suffix) or fill is not None)
+    def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
+        """A constrained request's grammar state (its plan made for params.gen_length), or a named
+        refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
+        `params`: as accepted for this model (add_request accepts them again)."""
+        check_constraint(constraint, params, self.arch, self.kind, self.tokenizer, holes)
         if self._vocab is None:
             self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
         return RowGrammar(self._vocab, constraint, params.gen_length)

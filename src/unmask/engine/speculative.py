@@ -21,6 +21,9 @@ the rows that run:
 4. rollback is a length: keys past a row's verified length are masked and rewritten by its next
    block, in both caches; the features of the accepted positions are the drafter's next context;
 5. a row finishes at a stop token (cut after it) or at gen_length (cut there).
+A constrained row (structured output, unmask.constrain) takes, at each verified position, the
+target's argmax among the tokens its grammar allows (RowGrammar.verify, on the host): its output
+is the constrained autoregressive output, drafts accepted while they equal it.
 Every generated token is the target's own choice given the tokens before it, so greedy output
 equals the target's greedy output and sampled output follows its distribution, whatever the
 drafter proposes (tests/test_speculative.py). The step reports every running row's new tokens
@@ -87,6 +90,7 @@ class SpecKind:
     name = "speculative"
     Stats = SpecStats
     diagnoses, observer = False, None
+    constrains = True  # greedy rows (RowGrammar.verify)
 
     def __init__(self, ctx: KindContext) -> None:
         if ctx.drafter is None:
@@ -103,6 +107,7 @@ class SpecKind:
                              num_layers=self.model.config.num_layers, draft_layers=c.num_layers)
         self.sampling = 0  # running rows with a temperature
         self.watching = 0  # watched rows (the playground: their whole answer each step)
+        self.constrained = 0  # running rows with a grammar (structured output)
 
     def prepare(self, params) -> None:
         return None
@@ -120,9 +125,11 @@ class SpecKind:
                         "temp": [float(q.params.temperature) for q in reqs], "pc": lens})
         self.sampling += sum(q.params.temperature > 0 for q in reqs)
         self.watching += sum(q.watch for q in reqs)
+        self.constrained += sum(q.grammar is not None for q in reqs)
 
     def remove(self, gone: list[int]) -> None:
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
+        self.constrained -= sum(self.rows.reqs[i].grammar is not None for i in gone)
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         self.rows.remove(gone)
 
@@ -167,6 +174,8 @@ class SpecKind:
                                    (P - 1)[:, None], capture=self.layers)
         r.put_pend(idx, torch.where(real[..., None], feats, 0))
         tokens = self._choose(logits, idx)  # (k, 1)
+        if self.constrained:
+            self._constrain(idx, logits, None, tokens, None)
         r.x[idx] = r.x[idx].scatter(1, P[:, None], tokens)
         r.ver[idx] = P + 1
         r.new[idx] = False
@@ -206,6 +215,8 @@ class SpecKind:
         choice = self._choose(logits, idx)  # (n, B): the target's token after each block position
         accepted = (block[:, 1:] == choice[:, :-1]).long().cumprod(1).sum(1)  # drafts kept
         gained = accepted + 1  # and the target's own next token
+        if self.constrained:
+            self._constrain(idx, logits, block, choice, gained)
         ok = ar < gained[:, None]
         x = x.scatter(1, torch.where(ok, ver[:, None] + ar, r.cap), choice)
         if every:
@@ -216,6 +227,24 @@ class SpecKind:
         gained_out[idx] = gained
         t2 = time.perf_counter()
         return [ForwardRecord("draft", n, float(B + w), 0, t1 - t0), ForwardRecord("verify", n, float(B), 0, t2 - t1)]
+
+    def _constrain(self, idx: torch.Tensor, logits: torch.Tensor, block, choice: torch.Tensor, gained) -> None:
+        """Constrained rows among `idx`: their tokens from RowGrammar.verify, written into `choice`
+        ((n, k)) and their counts into `gained` (None for the prefill's one token)."""
+        r = self.rows
+        rows = idx.tolist()
+        ks = [k for k, row in enumerate(rows) if r.reqs[row].grammar is not None]
+        if not ks:
+            return
+        sel = torch.tensor(ks, device=idx.device)
+        done = (r.ver[idx[sel]] - r.P[idx[sel]]).tolist()  # tokens written before the block
+        drafts = block[sel, 1:].tolist() if block is not None else [[] for _ in ks]
+        for k, d, before in zip(ks, drafts, done):
+            req = r.reqs[rows[k]]
+            toks = req.grammar.verify(logits[k], d, req.params.gen_length - before)
+            choice[k, : len(toks)] = torch.tensor(toks, device=choice.device)
+            if gained is not None:
+                gained[k] = len(toks)
 
     def _choose(self, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The target's token at every position: argmax, or for rows with a temperature a sample

@@ -27,7 +27,7 @@ from unmask.server.completion import Completion
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
 from unmask.server.protocol import ChatRequest, CompletionRequest
-from unmask.server.requests import check_model, check_text, encode, infill, params_for, special_strings
+from unmask.server.requests import check_model, check_text, encode, grammar_for, infill, params_for, special_strings
 from unmask.server.text import TextStream
 
 __all__ = ["build_app", "APIError", "TextStream"]
@@ -93,6 +93,9 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
             ids = list(prompt)
         params = params_for(llm, body, ids, check=not body.template)
         ids, params, holes, template = infill(llm, body, ids, params, specials)
+        grammar = await grammar_for(state["engine"], body, params, holes)
+        if grammar is not None:
+            holes = {**holes, "constraint": grammar}
         return await Completion(state["engine"], llm, body, ids, params, request, "completion", served_model_name,
                                 holes, template).respond()
 
@@ -107,7 +110,10 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
 
 async def _complete(engine: AsyncEngine, llm: LLM, body, ids: list[int], request: Request, kind: str, model: str):
-    return await Completion(engine, llm, body, ids, params_for(llm, body, ids), request, kind, model).respond()
+    params = params_for(llm, body, ids)
+    grammar = await grammar_for(engine, body, params, {})
+    return await Completion(engine, llm, body, ids, params, request, kind, model,
+                            None if grammar is None else {"constraint": grammar}).respond()
 
 
 def _chat_ids(llm: LLM, body: ChatRequest) -> list[int]:

@@ -27,8 +27,9 @@ from unmask.server.text import TextStream
 class Completion:
     def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
                  request: Request, kind: str, model: str, holes: dict | None = None, template=None) -> None:
-        """`holes`: infilling's suffix and fill for the engine; `template` (unmask.holes.Template):
-        each choice then also carries its holes' texts."""
+        """`holes`: what the engine takes besides the prompt (Engine.add_request): infilling's
+        suffix and fill, structured output's grammar state (`constraint`); `template`
+        (unmask.holes.Template): each choice then also carries its holes' texts."""
         self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
         self.holes, self.template = holes or {}, template
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
@@ -44,10 +45,12 @@ class Completion:
 
     def _submit(self, params: GenerationParams) -> None:
         queues = []
+        grammar = self.holes.get("constraint")  # structured output: each choice its own grammar state
         try:
             for i, name in enumerate(self.names):
                 seed = None if params.seed is None else params.seed + i
-                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), **self.holes))
+                extra = self.holes if grammar is None or i == 0 else {**self.holes, "constraint": grammar.copy()}
+                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), **extra))
         except (QueueFull, UnmaskError) as e:
             for name in self.names[: len(queues)]:
                 self.engine.abort(name)

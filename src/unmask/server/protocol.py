@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from unmask.constrain import Constraint
 from unmask.errors import UnmaskError
 from unmask.params import PARAM_FIELDS, field_type
 
@@ -30,6 +31,32 @@ NOT_SERVED = ("compat", "alg", "eps")
 EXTRA_FIELDS = tuple(f for f in PARAM_FIELDS if f not in OPENAI_NAMED + NOT_SERVED)
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # unmask always holds the output to the schema
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, any JSON object, or JSON valid against a schema."""
+    model_config = STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: one of a JSON schema, a regex, a list of choices, a grammar
+    (Lark as llguidance reads it; GBNF is converted), or any JSON object."""
+    model_config = STRICT
+    json_: dict | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _OpenAI(BaseModel):
     model_config = STRICT
 
@@ -48,6 +75,8 @@ class _OpenAI(BaseModel):
     frequency_penalty: Literal[0, 0.0] | None = None
     presence_penalty: Literal[0, 0.0] | None = None
     ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
+    response_format: ResponseFormat | None = None  # structured output (OpenAI's field)
+    structured_outputs: StructuredOutputs | None = None  # structured output (vLLM's field)
 
 
 _Knobs = create_model("_Knobs", __base__=_OpenAI,
@@ -55,6 +84,29 @@ _Knobs = create_model("_Knobs", __base__=_OpenAI,
 
 
 class _Common(_Knobs):
+    def constraint(self) -> Constraint | None:
+        """The request's structured output (response_format or structured_outputs), or None."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf is not None and rf.type != "text" and so is not None:
+            raise UnmaskError("give response_format or structured_outputs, not both", param="response_format")
+        if rf is not None and rf.type == "json_object":
+            return Constraint.json_schema({"type": "object"})
+        if rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise UnmaskError("response_format json_schema needs its json_schema object", param="response_format")
+            return Constraint.json_schema(rf.json_schema.schema_)
+        if so is None:
+            return None
+        given = {k: v for k, v in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                                   ("grammar", so.grammar)) if v is not None}
+        if so.json_object:
+            given["json"] = {"type": "object"}
+        if len(given) != 1:
+            raise UnmaskError("structured_outputs takes exactly one of json, regex, choice, grammar and json_object",
+                              param="structured_outputs")
+        (kind, value), = given.items()
+        return Constraint.of(kind, value)
+
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if any(not s for s in stops) or len(stops) > 8:

@@ -2,6 +2,8 @@
 that holds a special token's literal text is refused by name (it would be read as that token),
 and the decoding fields go through the model's one definition of what it accepts."""
 
+import asyncio
+
 from unmask import holes
 from unmask.errors import UnmaskError
 from unmask.inputs import check_prompts, check_suffix
@@ -81,3 +83,18 @@ def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: l
         return ids, params, {"suffix": tail}, None
     except UnmaskError as e:
         raise APIError(400, str(e), param=e.param or ("prompt" if body.template else "suffix")) from None
+
+
+async def grammar_for(engine, body, params: GenerationParams, holes: dict) -> object | None:
+    """The request's structured output as the engine's grammar state (unmask.constrain.RowGrammar),
+    made here so that a refusal (a schema the grammar engine rejects, a regex that matches nothing
+    this vocabulary can write, no completion within max_tokens) is a 400 before anything streams;
+    None without one. Built off the event loop (a large vocabulary takes a while the first time)."""
+    constraint = body.constraint()
+    if constraint is None:
+        return None
+    make = getattr(engine.engine, "grammar", None)
+    if make is None:
+        raise APIError(400, "structured output is not supported under tensor parallelism yet", param="response_format")
+    with_holes = bool(holes.get("suffix")) or holes.get("fill") is not None
+    return await asyncio.to_thread(make, constraint, params, with_holes)
