@@ -26,7 +26,7 @@ class Constraint:
                 raise UnmaskError(f"json schema is not JSON: {e}", param="json_schema") from None
         if not isinstance(schema, (dict, bool)):
             raise UnmaskError(f"json schema {schema!r} must be a JSON object", param="json_schema")
-        return cls("json", json.dumps(schema, sort_keys=True))
+        return cls("json", json.dumps(schema))  # key order kept: llguidance writes properties in schema order
 
     @classmethod
     def regex(cls, pattern: str) -> "Constraint":

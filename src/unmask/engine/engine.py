@@ -57,7 +57,6 @@ class EngineLike(Protocol):
 
     def step(self) -> list[StepOutput]: ...
 
-    @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
         """A constrained request's grammar state (its plan made for params.gen_length), or a named
         refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
@@ -139,7 +138,6 @@ class Engine:
             self.draws.seed(rid, params.seed)
         return req
 
-    @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
         """A constrained request's grammar state (its plan made for params.gen_length), or a named
         refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
@@ -149,6 +147,7 @@ class Engine:
             self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
         return RowGrammar(self._vocab, constraint, params.gen_length)
 
+    @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def abort(self, request_id: str) -> bool:
         """Stop a request now; its rows are freed. False if it is unknown or already done."""
         req = self.requests.get(request_id)
