@@ -57,15 +57,6 @@ class EngineLike(Protocol):
 
     def step(self) -> list[StepOutput]: ...
 
-    def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
-        """A constrained request's grammar state (its plan made for params.gen_length), or a named
-        refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
-        `params`: as accepted for this model (add_request accepts them again)."""
-        check_constraint(constraint, params, self.arch, self.kind, self.tokenizer, holes)
-        if self._vocab is None:
-            self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
-        return RowGrammar(self._vocab, constraint, params.gen_length)
-
     def abort(self, request_id: str) -> bool: ...
 
     def release(self, request_id: str) -> None: ...
