@@ -124,3 +124,36 @@ def test_generate_with_a_suffix_and_a_template(capsys, llada_dir, tmp_path):
 def test_infilling_flag_errors(capsys, llada_dir, args, needle):
     code, _, err = run(capsys, "generate", "--model", str(llada_dir), *args)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_with_structured_output(capsys, tmp_path):
+    """--json-schema FILE, --regex, --choice and --grammar FILE: the printed answer is in the
+    language (the embedded model)."""
+    from unmask.constrain import Constraint
+
+    schema = {"type": "object", "properties": {"name": {"enum": ["ann", "bob"]}}, "required": ["name"]}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "g.lark").write_text('start: "{ " STR " : " STR " }"\nSTR: /"[a-z]+"/')
+    cases = [(["--json-schema", str(tmp_path / "s.json")], Constraint.json_schema(schema)),
+             (["--regex", "[0-9]( [0-9])*"], Constraint.regex("[0-9]( [0-9])*")),
+             (["--choice", "red, blue"], Constraint.choice(["red", "blue"])),
+             (["--grammar", str(tmp_path / "g.lark")], Constraint.grammar((tmp_path / "g.lark").read_text()))]
+    for flags, c in cases:
+        code, out, _ = run(capsys, "generate", "--model", "default", "json : name bob age 4", "--json", *flags)
+        assert code == 0, flags
+        text = json.loads(out)["text"][0]
+        if c.kind != "grammar":
+            assert c.matches(text), (flags, text)
+        else:
+            assert Constraint.regex(r'\{ "[a-z]+" : "[a-z]+" \}').matches(text), text
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["w1", "--regex", "a", "--choice", "b"], "give one of --json-schema, --regex, --choice and --grammar"),
+    (["w1", "--json-schema", "/nonexistent.json"], "cannot read it as UTF-8 text"),
+    (["w1", "--choice", "w1", "--suffix", "w2"], "not with --suffix or a template"),
+    (["w1", "--regex", "(unclosed"], "rejected by the grammar engine"),
+])
+def test_structured_output_flag_errors(capsys, llada_dir, args, needle):
+    code, _, err = run(capsys, "generate", "--model", str(llada_dir), *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
