@@ -66,6 +66,7 @@ def test_refusals_by_name(bpe_llada, embedded):
          "rejected by the grammar engine"),
         # the word-level vocabulary writes " word" tokens only: no text of the language can start
         (embedded, Constraint.regex("zzz"), "matches nothing this word-level tokenizer can write"),
+        (bpe_llada, Constraint.regex(r"a[^\s\S]b"), "matches nothing this byte-level tokenizer can write"),
         (bpe_llada, Constraint.json_schema({"type": "object", "required": ["alpha", "beta", "gamma"],
                                             "properties": {k: {"type": "string", "minLength": 5} for k in
                                                            ("alpha", "beta", "gamma")}}),

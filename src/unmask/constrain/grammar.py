@@ -99,6 +99,9 @@ class GrammarVocab:
         # the completion search's preference over text tokens (stops and specials never in it)
         keys = [(_rank_key(tokens[i]), i) for i in range(self.n_text) if i not in vb.special and i not in self.stop]
         self.order = np.array([i for _, i in sorted(keys)], dtype=np.int64)
+        # the same classes, longest tokens first (fewer tokens: a long run of digits fits)
+        self.order_long = np.array([i for _, i in sorted(keys, key=lambda k: (k[0][0], -k[0][1], k[1]))],
+                                   dtype=np.int64)
         ranks = {i: k[0] for k, i in keys}
         self.classes = [np.array([i for i in self.order if ranks[i] == c], dtype=np.int64) for c in range(_CLASSES)]
         self.rank = np.full(len(tokens), _CLASSES, dtype=np.int64)
@@ -138,15 +141,17 @@ class GrammarVocab:
         (`matcher` is not changed). The greedy search of the module docstring: a token after
         which the grammar accepts (or after one more token), else closing tokens first, then
         punctuation, digits, letters and whitespace, a token used twice already in this completion
-        after the others; when it fails, `tries` - 1 more runs draw each token from the 16
-        preferred ones (seeded: the same answer every time)."""
+        after the others; when it fails, a second run prefers the longest token of each class (a
+        long run of digits fits in fewer tokens), then more runs draw each token from the 16
+        preferred ones or from all allowed (seeded: the same answer every time)."""
         for attempt in range(tries):
-            out = self._greedy(matcher, budget, None if attempt == 0 else np.random.default_rng(attempt))
+            order = self.order_long if attempt == 1 else self.order
+            out = self._greedy(matcher, budget, None if attempt < 2 else np.random.default_rng(attempt), order)
             if out is not None:
                 return out
         return None
 
-    def _greedy(self, matcher, budget: int, rng) -> list[int] | None:
+    def _greedy(self, matcher, budget: int, rng, order: np.ndarray) -> list[int] | None:
         m, out, used, last = matcher.deep_copy(), [], {}, -1
         while True:
             if m.is_accepting():
@@ -157,7 +162,7 @@ class GrammarVocab:
             nxt = ff[0] if ff and ff[0] < self.n_text else None
             if nxt is None:
                 ok = self.allowed(m)
-                pick = self.order[ok[self.order]][:64].tolist()
+                pick = order[ok[order]][:64].tolist()
                 if not pick:
                     return None
                 nxt = next((t for t in pick[:8] if self._ends(m, t)), None)  # one that ends it now
@@ -166,7 +171,7 @@ class GrammarVocab:
                     firsts = [int(c[ok[c]][0]) for c in self.classes if ok[c].any()]  # each class's first
                     nxt = next((t for t in dict.fromkeys(pick[:8] + spaces + firsts) if self._ends_after(m, t)), None)
                 if nxt is None and rng is not None:  # a random draw: of the preferred ones, or of any allowed
-                    pool = pick[:16] if rng.random() < 0.5 else self.order[ok[self.order]]
+                    pool = pick[:16] if rng.random() < 0.5 else order[ok[order]]
                     nxt = int(rng.choice(pool))
                 if nxt is None:  # loops end: a digit, letter or other text token used twice, or one
                     # more after one of its class, goes after the others, and so does punctuation of
@@ -236,9 +241,11 @@ class RowGrammar:
         self.rejected = 0  # committed tokens the grammar (or the room) rejected, masked again
         plan = vocab.complete(self.m, length, tries=16)
         if plan is None:
-            if not vocab.allowed(self.m)[: vocab.n_text].any() and not self.m.is_accepting():
-                raise UnmaskError(f"{constraint.describe()}: no text in this model's vocabulary can start it "
-                                  f"(it matches nothing this {vocab.kind} tokenizer can write)", param=constraint.kind)
+            allowed = vocab.allowed(self.m)[: vocab.n_text]  # (an empty language leaves llguidance in error)
+            if self.m.is_error() or (not allowed[[i for i in range(vocab.n_text) if i not in vocab.stop]].any()
+                                     and not self.m.is_accepting()):
+                raise UnmaskError(f"{constraint.describe()}: matches nothing this {vocab.kind} tokenizer can write "
+                                  "(no text of this vocabulary starts a word of the language)", param=constraint.kind)
             raise UnmaskError(f"{constraint.describe()}: no completion within gen_length {length} tokens was found; "
                               "raise gen_length", param=constraint.kind)
         self.plan = plan
