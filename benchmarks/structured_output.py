@@ -13,7 +13,13 @@ Settings: the model's default (threshold 0.9, dual cache), threshold 0.5 and 0.3
 schedule at 2 and 4 tokens per forward; each unconstrained and constrained, on the same examples
 (paired: the constrained minus unconstrained difference with a bootstrap interval). Models: the
 masked default, the block model (its exact cache) and the autoregressive twin (one token per
-forward; the constraint only). Timing: the decode of all examples on one engine (max_num_seqs
+forward; the constraint only).
+Code (`--code`, default-code on held-out Python, unmask/train/code.py's test split): given the
+text before a hidden line, write the line; the constraint is one line (`[^\n]*\n`), the
+unconstrained output is cut at its first line; exact = the hidden line, similarity = difflib's
+ratio; the model's fast setting (threshold 0.3, dual cache) and one token per forward; time per
+answer (decode seconds / answers at batch 8: the two write different amounts of text, so tokens/s
+does not compare them). Timing: the decode of all examples on one engine (max_num_seqs
 = batch; every forward and the loop, tokenisation excluded), float32, this CPU; grammar time =
 the constrained rows' masks and checks (engine/constrained.py before/after, inside the decode),
 per forward call and per committed token, at batch 1 and 8; setup = add_request's compile and
@@ -113,15 +119,59 @@ def measure(llm: LLM, task: str, examples, setting: dict, constrained: bool, bat
             "grammar_forced": sum(r.grammar_forced for r in res), "grammar_rejected": sum(r.grammar_rejected for r in res)}
 
 
+def code_rows(n: int) -> list[dict]:
+    """default-code writing one held-out line, with and without the one-line constraint."""
+    import difflib
+
+    from unmask.train.code import hole_examples
+
+    llm = LLM("default-code")
+    exs = hole_examples(llm.tokenizer, "test", "single", n)
+    line = Constraint.regex(r"[^\n]*\n")
+    rows = []
+    for label, setting in {"default (threshold 0.3)": dict(gen_length=32, block_length=32),
+                           "1 token/forward": dict(gen_length=32, block_length=32, policy="fixed", steps=32,
+                                                   cache="none")}.items():
+        params = llm.default_params(**setting)
+        flags = {}
+        for kind in ("unconstrained", "constrained"):
+            engine = llm.engine(EngineConfig(max_num_seqs=8, max_waiting=len(exs) + 1, trace_limit=None))
+            ids = [llm.encode([e["prefix"]], chat=False)[0] for e in exs]
+            reqs = [engine.add_request(p, params, constraint=line if kind == "constrained" else None) for p in ids]
+            t0 = time.perf_counter()
+            while engine.has_unfinished():
+                engine.step()
+            seconds = time.perf_counter() - t0
+            res = [llm.result_of(q.canvas, q.nfe, q.commits, 0.0) for q in reqs]
+            outs = [r.text.split("\n")[0] + "\n" if "\n" in r.text else r.text for r in res]
+            exact = [o == e["middle"] for o, e in zip(outs, exs)]
+            sims = [difflib.SequenceMatcher(None, o, e["middle"], autojunk=False).ratio() for o, e in zip(outs, exs)]
+            flags[kind] = (exact, sims)
+            tokens = sum(r.num_tokens for r in res)
+            row = {"model": "default-code", "task": "next line", "setting": label, "constraint": kind, "batch": 8,
+                   "n": len(exs), "exact": sum(exact) / len(exs), "exact_ci": wilson_interval(sum(exact), len(exs)),
+                   "similarity": sum(sims) / len(sims), "forwards_per_answer": sum(r.nfe for r in res) / len(res),
+                   "tokens_per_s": tokens / seconds, "ms_per_answer": 1e3 * seconds / len(exs), "seconds": seconds}
+            if kind == "constrained":
+                row["exact_minus_unconstrained"] = paired_bootstrap(exact, flags["unconstrained"][0])
+                row["similarity_minus_unconstrained"] = paired_bootstrap(sims, flags["unconstrained"][1])
+            rows.append(row)
+            print(f"default-code   line   {label:24} {kind:13} exact {100 * row['exact']:5.1f}% "
+                  f"sim {row['similarity']:.3f} fwd {row['forwards_per_answer']:5.2f} ms/answer {row['ms_per_answer']:6.1f}",
+                  flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--models", default="default,default-block,default-ar")
     ap.add_argument("--out", default="benchmarks/results/structured_output.json")
+    ap.add_argument("--code", type=int, default=60, help="held-out lines for default-code (0: none)")
     a = ap.parse_args()
     torch.set_num_threads(2)
     rows = []
-    for name in a.models.split(","):
+    for name in [m for m in a.models.split(",") if m]:
         llm = LLM(name)
         for task in ("json", "pairs"):
             examples = split_examples(task, "report", a.n)
@@ -144,6 +194,8 @@ def main() -> None:
                      **{k: v for k, v in one.items() if not k.startswith("_")}})
         print(f"{name:14} json   batch 1 constrained: grammar {one['grammar_ms_per_forward_call']:.3f} ms per forward "
               f"call, {one['grammar_us_per_token']:.0f} us per token, {100 * one['grammar_share']:.1f}% of decode")
+    if a.code:
+        rows += code_rows(a.code)
     write_json_atomic(a.out, {"context": context(), "timer": TIMER_INCLUDES, "n": a.n, "split": "report",
                               "rows": rows})
 

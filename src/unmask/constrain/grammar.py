@@ -106,6 +106,7 @@ class GrammarVocab:
         self.classes = [np.array([i for i in self.order if ranks[i] == c], dtype=np.int64) for c in range(_CLASSES)]
         self.rank = np.full(len(tokens), _CLASSES, dtype=np.int64)
         self.rank[list(ranks)] = list(ranks.values())
+        self.single = np.array([len(t.lstrip(b" ")) == 1 for t in tokens[: self.n_text]], dtype=bool)  # one char
         self.blank = np.array([i for i in self.order if not tokens[i].strip()], dtype=np.int64)  # spaces only
         self.json_options = ({"whitespace_flexible": True} if vb.space_joined
                              else {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
@@ -165,11 +166,14 @@ class GrammarVocab:
                 pick = order[ok[order]][:64].tolist()
                 if not pick:
                     return None
-                nxt = next((t for t in pick[:8] if self._ends(m, t)), None)  # one that ends it now
-                if nxt is None:  # one after which a token ends it (spaces tried too: " }" may be " ", "}")
-                    spaces = self.blank[ok[self.blank]][:2].tolist()
-                    firsts = [int(c[ok[c]][0]) for c in self.classes if ok[c].any()]  # each class's first
-                    nxt = next((t for t in dict.fromkeys(pick[:8] + spaces + firsts) if self._ends_after(m, t)), None)
+                # the candidates looked ahead from: the 8 preferred, each class's first, and whitespace
+                # (" }" may be " " then "}"; a line ends with "\n", the last class)
+                spaces = self.blank[ok[self.blank]].tolist()
+                firsts = [int(c[ok[c]][0]) for c in self.classes if ok[c].any()]
+                ahead = list(dict.fromkeys(pick[:8] + firsts + spaces[:2] + [t for t in spaces if self.single[t]]))
+                nxt = next((t for t in ahead if self._ends(m, t)), None)  # one that ends it now
+                if nxt is None:  # one after which a token ends it
+                    nxt = next((t for t in ahead if self._ends_after(m, t)), None)
                 if nxt is None and rng is not None:  # a random draw: of the preferred ones, or of any allowed
                     pool = pick[:16] if rng.random() < 0.5 else order[ok[order]]
                     nxt = int(rng.choice(pool))
