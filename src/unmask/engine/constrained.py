@@ -4,8 +4,9 @@ A constrained row (a request with a RowGrammar, unmask.constrain) decodes as any
 its commit policy, cache and blocks unchanged — with three additions per forward:
 1. `before` (ahead of the proposals): the logits at the row's frontier (its first position not
    yet checked) keep only the tokens the grammar allows after the validated prefix (so the
-   frontier's confidence is the model's, renormalised over what the grammar allows); a revising
-   policy may not edit or remask the validated prefix;
+   frontier's confidence is the model's, renormalised over what the grammar allows), and the
+   next masked positions keep what the grammar allows after the likeliest allowed tokens before
+   them (`_chain`); a revising policy may not edit or remask the validated prefix;
 2. the commit as usual, by the row's own policy: tokens right of the frontier are the model's
    own, unchecked yet;
 3. `after`: the committed run from the frontier is checked (RowGrammar.advance): accepted tokens
@@ -28,6 +29,8 @@ and one scatter per forward, over the constrained rows only."""
 import torch
 
 from unmask.engine.rows import RowState
+
+CHAIN = 16  # positions from the frontier masked along the likeliest continuation (Constrained._chain)
 
 
 class Constrained:
@@ -72,14 +75,61 @@ class Constrained:
         # a revising policy's post steps keep a block open after its last mask: no frontier in it
         rows = [row for row in every if not row[1].finished and row[1].front < row[3]]
         if rows:
-            vocab = rows[0][1].vocab
-            bitmask = vocab.bitmask(len(rows))
-            vocab.fill([g.m for _, g, _, _ in rows], bitmask)
-            allowed = vocab.unpack(bitmask, logits.shape[-1]).to(dev)
-            k = torch.tensor([k for k, *_ in rows], device=dev)
-            w = torch.tensor([g.front - s for _, g, s, _ in rows], device=dev)
-            logits[k, w] = logits[k, w].masked_fill(~allowed, -torch.inf)
+            self._chain(idx, logits, rows)
         return lock
+
+    def _chain(self, idx: torch.Tensor, logits: torch.Tensor, rows: list) -> None:
+        """The grammar's masks along each row's likeliest continuation: at the frontier, the mask
+        of the validated prefix; at the next masked positions, the mask after the argmax of the
+        allowed tokens at the positions before (a committed token there is taken as it is), up to
+        `CHAIN` positions, the block's end, an end of text or a token the grammar rejects. So a
+        forward's proposals right of the frontier are consistent with what it proposes before
+        them (the pairs task's "high" is followed by "card", not "house"), and more of them
+        survive the check. Positions are done together across rows: one bitmask fill and one
+        read of the argmaxes per chain position."""
+        r, dev = self.rows, logits.device
+        vocab = rows[0][1].vocab
+        stop = set(vocab.stop)
+        sel = idx[torch.tensor([k for k, *_ in rows], device=idx.device)]
+        canvas = r.x[sel].tolist()
+        depth = [0] * len(rows)  # tokens each row's matcher consumed along its chain (rolled back below)
+        live = list(range(len(rows)))
+        try:
+            for step in range(CHAIN):
+                want = []  # (row j, column) of the masked positions to mask at this step
+                for j in live:
+                    _, g, s, e = rows[j]
+                    c = g.front + step
+                    if c >= e:
+                        continue
+                    t = canvas[j][c]
+                    if t == self.mask:
+                        want.append((j, c))
+                    elif t not in stop and t < vocab.n_text and g.m.try_consume_tokens([t]) == 1:
+                        depth[j] += 1  # a committed token the grammar takes: the chain goes on past it
+                        want.append((j, None))
+                if not want:
+                    break
+                masked = [(j, c) for j, c in want if c is not None]
+                live = [j for j, c in want if c is None]
+                if not masked:
+                    continue
+                bitmask = vocab.bitmask(len(masked))
+                vocab.fill([rows[j][1].m for j, _ in masked], bitmask)
+                allowed = vocab.unpack(bitmask, logits.shape[-1]).to(dev)
+                k = torch.tensor([rows[j][0] for j, _ in masked], device=dev)
+                w = torch.tensor([c - rows[j][2] for j, c in masked], device=dev)
+                chosen = logits[k, w].masked_fill(~allowed, -torch.inf)
+                logits[k, w] = chosen
+                if step + 1 < CHAIN:
+                    for (j, _), t in zip(masked, chosen.argmax(-1).tolist()):
+                        if t not in stop and rows[j][1].m.try_consume_tokens([t]) == 1:
+                            depth[j] += 1
+                            live.append(j)
+        finally:
+            for (_, g, _, _), n in zip(rows, depth):
+                if n:
+                    g.m.rollback(n)
 
     def after(self, idx: torch.Tensor) -> None:
         """Check what the forward committed from each constrained row's frontier (see above)."""
