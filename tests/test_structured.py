@@ -230,3 +230,24 @@ def test_renoising_rows_are_refused_by_name(tmp_path):
     llm = LLM(str(write_diffusion_gemma(tmp_path / "dg")))
     with pytest.raises(UnmaskError, match="renoising rows"):
         llm.generate(["w1 w2"], None, constraint=Constraint.choice(["w1"]), chat=False)
+
+
+def test_the_mask_along_the_likeliest_continuation_keeps_parallel_commits(embedded):
+    """The seeds' "high house": at threshold 0.3 the embedded model commits both words of a pairs
+    answer in one forward and, unconstrained, sometimes mixes the two phrases. Constrained to the
+    two phrases, the second word's logits are masked after the first's argmax, so the answer
+    stays one forward, always valid, with nothing masked again."""
+    from unmask.tasks import split_examples
+
+    examples = split_examples("pairs", "selection", 24)
+    params = embedded.default_params(policy="threshold", threshold=0.3)
+    engine = embedded.engine()
+    reqs = [engine.add_request(embedded.encode([ex.prompt], chat=False)[0], params,
+                               constraint=Constraint.choice(list(ex.valid))) for ex in examples]
+    while engine.has_unfinished():
+        engine.step()
+    res = [embedded.result_of(q.canvas, q.nfe, q.commits, 0.0, **q.counters()) for q in reqs]
+    assert all(r.text in ex.valid for r, ex in zip(res, examples))
+    assert all(r.nfe == 1 and r.grammar_rejected == 0 for r in res), [(r.nfe, r.grammar_rejected) for r in res]
+    plain = embedded.generate([ex.prompt for ex in examples], params, chat=False)
+    assert any(r.text not in ex.valid for r, ex in zip(plain.results, examples))  # the mixtures it avoids
