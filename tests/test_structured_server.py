@@ -174,3 +174,16 @@ def test_block_autoregressive_and_speculative_rows_through_the_server(name):
             assert r.status_code == 400 and "greedy" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_response_format_json_object_on_both_endpoints(client):
+    rf = {"type": "json_object"}
+    chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "json : pet cat"}],
+                                          response_format=rf, max_tokens=24)
+    done = client.completions.create(model="default", prompt="json : pet cat", max_tokens=24,
+                                     extra_body={"response_format": rf})
+    for text in (chat.choices[0].message.content, done.choices[0].text):
+        assert isinstance(json.loads(text), dict), text
+    text = client.completions.create(model="default", prompt="json : pet cat", max_tokens=24,
+                                     extra_body={"response_format": {"type": "text"}}).choices[0].text
+    assert text == client.completions.create(model="default", prompt="json : pet cat", max_tokens=24).choices[0].text
