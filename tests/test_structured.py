@@ -251,3 +251,17 @@ def test_the_mask_along_the_likeliest_continuation_keeps_parallel_commits(embedd
     assert all(r.nfe == 1 and r.grammar_rejected == 0 for r in res), [(r.nfe, r.grammar_rejected) for r in res]
     plain = embedded.generate([ex.prompt for ex in examples], params, chat=False)
     assert any(r.text not in ex.valid for r, ex in zip(plain.results, examples))  # the mixtures it avoids
+
+
+def test_a_repeated_constraint_is_compiled_once_and_states_are_independent(bpe_llada):
+    v = _vocab(bpe_llada)
+    c = Constraint.regex("ab|abc")
+    a, b = v.row(c, 8), v.row(c, 8)
+    assert a is not b and a.m is not b.m and a.plan == b.plan and len(v._protos) == 1
+    tok = bpe_llada.tokenizer
+    ta = tok.encode("a", add_special_tokens=False)[0]
+    assert a.advance([ta], 8) == ([ta], False)
+    assert b.m.validate_tokens([tok.encode("x", add_special_tokens=False)[0]]) == 0  # b still at the start
+    assert b.advance([ta], 8) == ([ta], False) and a.front == b.front == 0
+    v.row(c, 9)
+    assert len(v._protos) == 2  # the length is part of the key (the plan must fit it)

@@ -13,6 +13,8 @@ not exhaustive, so a prefix whose completion it misses is refused although one m
 never accepts one that cannot finish)."""
 
 import json
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -96,6 +98,8 @@ class GrammarVocab:
         self.width = max(int(logits_width), self.n_text)
         self.words = (self.size + 31) // 32  # int32 words of one bitmask
         self.executor = llguidance.LLExecutor(num_threads=1)
+        self._protos: OrderedDict = OrderedDict()  # (constraint, length) -> RowGrammar to copy (`row`)
+        self._lock = threading.Lock()
         # the completion search's preference over text tokens (stops and specials never in it)
         keys = [(_rank_key(tokens[i]), i) for i in range(self.n_text) if i not in vb.special and i not in self.stop]
         self.order = np.array([i for _, i in sorted(keys)], dtype=np.int64)
@@ -110,6 +114,24 @@ class GrammarVocab:
         self.blank = np.array([i for i in self.order if not tokens[i].strip()], dtype=np.int64)  # spaces only
         self.json_options = ({"whitespace_flexible": True} if vb.space_joined
                              else {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
+
+    def row(self, constraint: Constraint, length: int) -> "RowGrammar":
+        """A fresh grammar state for a request (RowGrammar): the first for a (constraint,
+        length) is compiled and planned, later ones are copies of it (a server sends the same
+        schema again and again; compiling costs milliseconds, a copy microseconds). The last
+        64 are kept."""
+        key = (constraint, length)
+        with self._lock:
+            proto = self._protos.get(key)
+            if proto is not None:
+                self._protos.move_to_end(key)
+        if proto is None:
+            proto = RowGrammar(self, constraint, length)
+            with self._lock:
+                self._protos[key] = proto
+                while len(self._protos) > 64:
+                    self._protos.popitem(last=False)
+        return proto.copy()
 
     def compile(self, constraint: Constraint) -> str:
         """The llguidance grammar of `constraint` for this vocabulary (checked: a grammar the

@@ -136,7 +136,7 @@ class Engine:
         check_constraint(constraint, params, self.arch, self.kind, self.tokenizer, holes)
         if self._vocab is None:
             self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
-        return RowGrammar(self._vocab, constraint, params.gen_length)
+        return self._vocab.row(constraint, params.gen_length)
 
     @torch.inference_mode()  # a running row's tensors move (they were made in inference mode)
     def abort(self, request_id: str) -> bool:
