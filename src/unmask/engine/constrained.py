@@ -60,8 +60,9 @@ class Constrained:
         return [(k, r.reqs[row].grammar, s, e) for (k, row), (s, e) in zip(picked, bounds)]
 
     def before(self, idx: torch.Tensor, logits: torch.Tensor, W: int) -> torch.Tensor | None:
-        """Mask the frontier's logits in place; returns the (B, W) bool lock (each constrained
-        row's validated columns), or None."""
+        """Mask the logits in place at each constrained row's frontier and along its likeliest
+        continuation (`_chain`); returns the (B, W) bool lock (each constrained row's validated
+        columns, for a revising policy), or None."""
         if not self.count:
             return None
         every = self._rows(idx, finished=True)
@@ -70,8 +71,8 @@ class Constrained:
         dev, B = logits.device, idx.numel()
         lock = torch.zeros(B, W, dtype=torch.bool, device=dev)  # the validated prefix (all of a finished one)
         k = torch.tensor([k for k, *_ in every], device=dev)
-        upto = torch.tensor([e if g.finished else g.front for _, g, _, e in every], device=dev)
-        lock[k] = torch.arange(W, device=dev)[None, :] < (upto - torch.tensor([s for *_, s, _ in every], device=dev))[:, None]
+        upto = torch.tensor([(e if g.finished else g.front) - s for _, g, s, e in every], device=dev)
+        lock[k] = torch.arange(W, device=dev)[None, :] < upto[:, None]
         # a revising policy's post steps keep a block open after its last mask: no frontier in it
         rows = [row for row in every if not row[1].finished and row[1].front < row[3]]
         if rows:
