@@ -12,25 +12,13 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from checkpoints import write_llada  # noqa: E402
-from test_server import Server  # noqa: E402
+from test_server import Server, client, llm, server  # noqa: E402,F401  (the embedded model's server and client)
 from unmask import LLM  # noqa: E402
 from unmask.bench.schemas import random_regex, random_schema  # noqa: E402
 from unmask.constrain import Constraint  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ann", "bob", "tom"]}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
-
-
-@pytest.fixture(scope="module")
-def server(embedded):
-    s = Server(embedded, served_model_name="default")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
 
 
 def test_response_format_json_schema_streamed_equals_whole_equals_offline(embedded, client):

@@ -355,9 +355,8 @@ class LLM:
         config = EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None)
         engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
-        extra = {} if constraint is None else {"constraint": constraint}  # (no lockstep engine takes one)
         reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],
-                                   fill=None if fills is None else fills[r], **extra)
+                                   fill=None if fills is None else fills[r], constraint=constraint)
                 for r, p in enumerate(ids)]
         while engine.has_unfinished():
             engine.step()

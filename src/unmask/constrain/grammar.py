@@ -295,9 +295,9 @@ class RowGrammar:
             if self.finished:  # after the end of text: end of text
                 t = self.vocab.stop[0]
             else:
-                ok = torch.zeros(logits.shape[-1], dtype=torch.bool)
-                allowed = torch.from_numpy(vocab.allowed(self.m))[: min(vocab.n_text, logits.shape[-1])]
-                ok[: allowed.numel()] = allowed
+                bitmask = vocab.bitmask(1)
+                vocab.fill([self.m], bitmask)
+                ok = vocab.unpack(bitmask, logits.shape[-1])[0].to(logits.device)
                 t = int(torch.where(ok, logits[j].float(), -torch.inf).argmax())
                 keep, _ = self.advance([t], room - j)
                 t = keep[0]

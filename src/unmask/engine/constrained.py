@@ -37,6 +37,7 @@ class Constrained:
     def __init__(self, rows: RowState, mask_id: int, eos: int) -> None:
         self.rows, self.mask, self.eos = rows, mask_id, eos
         self.count = 0  # running constrained rows (nothing is done while there are none)
+        self._seen = None  # (idx, rows) of the forward `before` saw, for its `after`
 
     def admit(self, req) -> None:
         if req.grammar is not None:
@@ -63,9 +64,11 @@ class Constrained:
         """Mask the logits in place at each constrained row's frontier and along its likeliest
         continuation (`_chain`); returns the (B, W) bool lock (each constrained row's validated
         columns, for a revising policy), or None."""
+        self._seen = None
         if not self.count:
             return None
         every = self._rows(idx, finished=True)
+        self._seen = (idx, every)  # `after` checks the same rows (one read of them per forward)
         if not every:
             return None
         dev, B = logits.device, idx.numel()
@@ -136,7 +139,9 @@ class Constrained:
         """Check what the forward committed from each constrained row's frontier (see above)."""
         if not self.count:
             return
-        rows = self._rows(idx)
+        seen, self._seen = self._seen, None
+        rows = [row for row in seen[1] if not row[1].finished] if seen is not None and seen[0] is idx \
+            else self._rows(idx)
         if not rows:
             return
         r = self.rows
