@@ -273,7 +273,7 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
                  chat: bool | None = None, unknown_words: str = "error", suffix=None,
-                 constraint: Constraint | None = None) -> BatchOutput:
+                 constraint: Constraint | None = None, logprobs: int | None = None) -> BatchOutput:
         """Prompts are text (tokenised, through the chat template when the tokenizer has one and
         `chat` is not False) or lists of token ids. Without `params`: `default_params()`; a dict
         names GenerationParams fields. Out-of-vocabulary words: see `encode`. `suffix`: the text
@@ -281,10 +281,22 @@ class LLM:
         per prompt (a string or ids; a string for a single text prompt); full-attention masked
         models only (unmask.inputs.check_suffix). `constraint` (unmask.constrain.Constraint: a
         JSON schema, regex, choice or grammar): every answer is a word of its language
-        (structured output; docs/structured-output.md)."""
+        (structured output; docs/structured-output.md). `logprobs`: each result's tokens'
+        log-probabilities and the `logprobs` most likely tokens' (GenerationResult.logprobs;
+        engine/logprobs.py)."""
         params = self._params(params)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
+        if logprobs is not None:
+            if params.compat is not None:
+                raise UnmaskError(f"logprobs are not reported in compat mode {params.compat!r} (the reference "
+                                  "loop's own tokens only)", param="logprobs")
+            if self.ranks is not None:
+                raise UnmaskError("logprobs under tensor parallelism are not supported yet", param="logprobs")
+            tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
+            for p, s in zip(ids, tails or []):
+                check_suffix(s, params, self.arch, self.token_ids, len(p))
+            return self._generate_engine(ids, params, tails, constraint=constraint, logprobs=logprobs)
         if constraint is not None:
             if self.ranks is not None:
                 raise UnmaskError("structured output under tensor parallelism is not supported yet (the grammar "
@@ -346,7 +358,8 @@ class LLM:
 
     def _generate_engine(self, ids: list[list[int]], params: GenerationParams | list[GenerationParams],
                          suffixes: list[list[int]] | None = None, fills: list | None = None,
-                         lockstep: bool = False, constraint: Constraint | None = None) -> BatchOutput:
+                         lockstep: bool = False, constraint: Constraint | None = None,
+                         logprobs: int | None = None) -> BatchOutput:
         """Offline generation is "add every request, step until done" on the serving engine.
         `params`: one for every prompt, or one each. `lockstep`: under tensor parallelism, on
         rank 0's engine replayed on the other ranks (else every rank runs this same call)."""
@@ -356,12 +369,18 @@ class LLM:
         engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
         reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],
-                                   fill=None if fills is None else fills[r], constraint=constraint)
+                                   fill=None if fills is None else fills[r], constraint=constraint,
+                                   **({} if logprobs is None else {"logprobs": logprobs}))
                 for r, p in enumerate(ids)]
+        scores: dict[str, list] = {q.id: [] for q in reqs}
         while engine.has_unfinished():
-            engine.step()
+            for out in engine.step():
+                if out.logprobs:
+                    scores[out.request.id] += out.logprobs
         seconds = time.perf_counter() - t0
         results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, **q.counters()) for q in reqs]
+        if logprobs is not None:
+            results = [replace(r, logprobs=scores[q.id][: len(r.token_ids)]) for r, q in zip(results, reqs)]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
 
     def without_draft(self) -> "LLM":

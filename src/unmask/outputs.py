@@ -28,6 +28,9 @@ class GenerationResult:
     # otherwise), and committed tokens the grammar rejected and masked again
     grammar_forced: int = 0
     grammar_rejected: int = 0
+    # logprobs (LLM.generate(logprobs=k)): for each of token_ids, (its log-probability, [(id,
+    # log-probability)] of the k most likely tokens); None when not asked for
+    logprobs: list | None = None
 
     @property
     def num_tokens(self) -> int:

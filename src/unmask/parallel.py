@@ -258,10 +258,13 @@ class LockstepEngine:
     def has_unfinished(self) -> bool:
         return self._engine.has_unfinished()
 
-    def add_request(self, prompt, params, request_id=None, watch=False, suffix=None, fill=None, constraint=None):
+    def add_request(self, prompt, params, request_id=None, watch=False, suffix=None, fill=None, constraint=None,
+                    logprobs=None):
         if constraint is not None:  # each rank holds a vocabulary slice; the grammar masks the whole vocabulary
             raise UnmaskError("structured output under tensor parallelism is not supported yet",
                               param="structured_outputs")
+        if logprobs is not None:  # each rank holds a vocabulary slice: its log-softmax is not the model's
+            raise UnmaskError("logprobs under tensor parallelism are not supported yet", param="logprobs")
         with self._ranks.lock:
             req = self._engine.add_request(prompt, params, request_id, watch, suffix=suffix, fill=fill)
             self._ranks.queue(("add", self._id, list(prompt), params, req.id, watch, req.suffix, req.fill))

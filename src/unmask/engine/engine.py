@@ -37,6 +37,7 @@ from unmask.errors import UnmaskError
 from unmask.inputs import check_constraint, check_fill, check_prompts, check_suffix, layout
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
+from unmask.sampler.logprobs import check_logprobs
 from unmask.sampler.stops import first_stop_index
 from unmask.trace import ForwardRecord
 
@@ -53,7 +54,7 @@ class EngineLike(Protocol):
 
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
                     watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
-                    constraint=None) -> Request: ...
+                    constraint=None, logprobs: int | None = None) -> Request: ...
 
     def step(self) -> list[StepOutput]: ...
 
@@ -94,7 +95,7 @@ class Engine:
     # --- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
                     watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
-                    constraint: Constraint | RowGrammar | None = None) -> Request:
+                    constraint: Constraint | RowGrammar | None = None, logprobs: int | None = None) -> Request:
         """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
         reference mode is refused) and the prompt checked against them. A watched request's
         StepOutputs carry its whole canvas (the playground). `suffix`: fixed text after the
@@ -103,7 +104,12 @@ class Engine:
         between holes (a template with several holes, unmask.holes; inputs.check_fill).
         `constraint`: structured output (unmask.constrain): the answer is a word of its language
         (a Constraint, or the RowGrammar `grammar` made for these parameters, e.g. ahead of time
-        by a server so that a refusal is an HTTP 400)."""
+        by a server so that a refusal is an HTTP 400). `logprobs`: report each new token's
+        log-probability and the `logprobs` most likely tokens' (StepOutput.logprobs; None: none;
+        sampler/logprobs.py says what each kind scores with)."""
+        logprobs = check_logprobs(logprobs)
+        if logprobs is not None and fill is not None:
+            raise UnmaskError("logprobs are not reported for a template with holes (its fixed text is not generated)")
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
         check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt))
@@ -122,7 +128,8 @@ class Engine:
         else:
             grammar = None if constraint is None else self.grammar(constraint, params, bool(suffix) or fill is not None)
         req = Request(rid, list(prompt), params, parts, time.perf_counter(), watch=watch,
-                      stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill, grammar=grammar)
+                      stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill, grammar=grammar,
+                      logprobs=logprobs)
         self.scheduler.add(req)
         self.requests[rid] = req
         if params.seed is not None:
@@ -230,7 +237,8 @@ class Engine:
             req.committed = max(req.committed, report.committed[k])
             view = report.views.get(i)
             out = StepOutput(req, report.committed[k], new_ids, report.done[k], *(view or (None, None)),
-                             stats=report.stats[k], forwards=report.forwards[k], tokens=sum(report.commits[k]))
+                             stats=report.stats[k], forwards=report.forwards[k], tokens=sum(report.commits[k]),
+                             logprobs=_top(report.logprobs.get(i), req.logprobs))
             outputs.append(out)
             if report.done[k]:
                 gone.append(i)
@@ -250,3 +258,10 @@ class Engine:
     def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
         req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()
         req.canvas = canvas
+
+
+def _top(entries: list | None, k: int | None) -> list | None:
+    """A request's logprob entries with the most likely tokens it asked for (kinds store more)."""
+    if k is None:
+        return None
+    return [(lp, top[:k]) for lp, top in entries or []]

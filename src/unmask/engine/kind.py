@@ -71,6 +71,8 @@ class Report:
     # watched rows (the playground): the canvas to show and, for a renoising row, each position's state
     views: dict[int, tuple[list[int], list[str] | None]] = field(default_factory=dict)
     records: list[ForwardRecord] = field(default_factory=list)
+    # rows whose request asked for logprobs: one (logprob, [(id, logprob)] of the most likely) per new id
+    logprobs: dict[int, list] = field(default_factory=dict)
 
     def row(self, i: int, committed: int, new_ids: list[int], forwards: int, commits: list[int], done: bool,
             stats: Stats) -> None:

@@ -32,6 +32,7 @@ from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report
+from unmask.engine.logprobs import Logprobs
 from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
 from unmask.engine.rows import RowState
@@ -64,6 +65,7 @@ class MaskedKind:
         self.committer = Committer(self.rows, self.parts, self.mask, ctx.draws, getattr(model, "tp", None),
                                    arch.vocab_size)
         self.constrained = Constrained(self.rows, self.mask, tokens.eos)  # structured output's rows
+        self.logprobs = Logprobs(self.rows)  # rows that report their tokens' log-probabilities
         self._setting_ids = itertools.count()
         self.watching = 0  # watched rows (their proposals cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
@@ -90,12 +92,14 @@ class MaskedKind:
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
             self.constrained.admit(req)
             self.watching += req.watch
+        self.logprobs.admit(reqs)
         self._ahead = None
 
     def remove(self, gone: list[int]) -> None:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         for i in gone:
             self.constrained.remove(self.rows.reqs[i])
+        self.logprobs.remove([self.rows.reqs[i] for i in gone])
         self.rows.remove(gone)
         self._forget_settings()
         self._ahead = None
@@ -142,15 +146,25 @@ class MaskedKind:
         sizes = torch.cat([ahead[1].cost.sum()[None], shape(self.rows, ahead[1], None)])
         flat = torch.cat([settled, sizes]).tolist()  # the step's one read
         self._ahead, self._sizes = ahead, flat[settled.numel():]
-        return postprocess.report(self.rows, work, flat[:settled.numel()])
+        report = postprocess.report(self.rows, work, flat[:settled.numel()])
+        self.logprobs.attach(report)
+        return report
 
     def _run(self, work: StepWork, f: Forward) -> None:
         r, t0 = self.rows, time.perf_counter()
         fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
         logits = self.runner.forward(f, work.plan, r.s, work.W)
         lock = self.constrained.before(f.idx, logits, work.W)  # structured output: the frontier's mask
+        if self.logprobs.count:  # the block's tokens before this forward's commits
+            ar = torch.arange(work.W, device=r.device)[None, :]
+            cols = torch.where(ar < (r.e - r.s)[f.idx, None], r.s[f.idx, None] + ar, r.cap)
+            was = r.x[f.idx].gather(1, cols)
         done = self.committer.commit(f.idx, logits, r.s, work.W, f.verify, self.watching > 0, lock)
         self.constrained.after(f.idx)
+        if self.logprobs.count:  # what this forward wrote (commits, edits, the grammar's replacements)
+            now = r.x[f.idx].gather(1, cols)
+            self.logprobs.record(f.idx, cols, logits, now, (done.commit | (now != was)) & (now != self.mask)
+                                 & (cols < r.cap))
         if self.observer is not None:
             if self.committer.tp is not None:  # diagnostics compare whole distributions
                 logits = self.committer.tp.gather_vocab(logits, self.arch.vocab_size)

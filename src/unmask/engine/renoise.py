@@ -34,6 +34,7 @@ import torch
 from unmask.kv.renoise import RenoiseKV
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.rows import Rows, per_row
+from unmask.sampler.logprobs import token_logprobs
 from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.sampler.stops import first_stop_index
 from unmask.trace import ForwardRecord
@@ -228,6 +229,13 @@ class RenoiseKind:
             lambda sel: torch.randint(0, self.V, (rows.numel() if sel is None else sel.numel(), self.L), device=dev),
             lambda k, g: torch.randint(0, self.V, (1, self.L), generator=g, device=g.device)[0])
 
+    def _logprobs(self, i: int, m: int, top: int) -> list:
+        """Row i's first m tokens of its stopped canvas, scored under the sampler's distribution at
+        its last step (the processed logits it keeps for self-conditioning)."""
+        lp, ids, tlp = token_logprobs(self.rows.sc[i, :m], self.rows.argmax[i, :m], top)
+        tops = torch.stack([ids.float(), tlp], -1).tolist() if top else [[] for _ in range(m)]
+        return [(v, [(int(t), p) for t, p in tt]) for v, tt in zip(lp.tolist(), tops)]
+
     def _report(self, ended: torch.Tensor, report: Report) -> None:
         """Canvases that stopped join their answers (host work once per finished canvas, not per
         step); the rows whose answer is complete are done; watched rows show their canvas."""
@@ -244,6 +252,8 @@ class RenoiseKind:
             finished = cut is not None or len(r.answers[i]) >= req.params.gen_length
             committed = _text(r.answers[i], self.stop)
             report.row(i, len(committed), committed[before:], n, [0] * (n - 1) + [kept], finished, RenoiseStats(1))
+            if req.logprobs is not None:
+                report.logprobs[i] = self._logprobs(i, len(committed) - before, req.logprobs)
             r.nfe[i] = 0
             if req.watch:
                 report.views[i] = (r.answers[i], ["committed"] * len(r.answers[i]))

@@ -66,6 +66,8 @@ class Request:
     fill: list[int] | None = None
     # structured output: the request's grammar state (unmask.constrain RowGrammar), or None
     grammar: object = None
+    # logprobs (engine/logprobs.py): None, or how many most likely tokens to report beside each chosen one
+    logprobs: int | None = None
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:
@@ -96,3 +98,5 @@ class StepOutput:
     stats: Stats | None = None  # the row kind's counters of this step (e.g. speculative rows' drafted, accepted)
     forwards: int = 0  # forwards of the model the request took part in during this step
     tokens: int = 0  # tokens it committed in them
+    # a request with logprobs: one (logprob, [(id, logprob)] of the most likely) per new id
+    logprobs: list | None = None

@@ -40,6 +40,11 @@ class Rows:
     reqs: list = field(default_factory=list)
     cap: int = 0
     seq: torch.Tensor = per_row()  # admission order (the scheduler's "oldest first")
+    # per-token log-probabilities of rows that asked for them (engine/logprobs.py): each
+    # column's chosen token's, and the most likely tokens (n, cap + 1, TOP_LOGPROBS) with theirs
+    lp: torch.Tensor | None = per_row(torch.float32, cols=True, lazy=True)
+    top_ids: torch.Tensor | None = per_row(cols=True, lazy=True)
+    top_lp: torch.Tensor | None = per_row(torch.float32, cols=True, lazy=True)
     _store: dict = field(default_factory=dict)  # layers field -> per layer (slots, H, cap + 1, D)
     state: dict = field(default_factory=dict)  # counters declared by a component (a cache policy): name -> (n,)
     _next_seq: int = 0
@@ -77,7 +82,7 @@ class Rows:
             if t is None or f.metadata["layers"]:
                 continue
             if f.metadata["cols"]:
-                pad = torch.full((t.shape[0], extra + 1), self._fill(f), dtype=t.dtype, device=t.device)
+                pad = torch.full((t.shape[0], extra + 1, *t.shape[2:]), self._fill(f), dtype=t.dtype, device=t.device)
                 setattr(self, f.name, torch.cat([t[:, : self.cap], pad], 1))
         self.cap = cap
         self._views()
@@ -166,6 +171,14 @@ class Rows:
         if name not in self._store:
             self._store[name] = [torch.zeros((self.n, *tail), dtype=dtype, device=self.device)]
             self._views()
+        return getattr(self, name)
+
+    def allocate_cols(self, name: str, tail: tuple = ()) -> torch.Tensor:
+        """The lazy canvas-wide field `name` ((n, cap + 1, *tail)), allocated now as zeros if it is
+        not (later rows get zeros too; freed with the last row)."""
+        if getattr(self, name) is None:
+            meta = self._meta(name)
+            setattr(self, name, torch.zeros((self.n, self.cap + 1, *tail), dtype=meta["dtype"], device=self.device))
         return getattr(self, name)
 
     def layer_buffers(self, name: str, num_layers: int, like: torch.Tensor) -> list:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
+from unmask.engine.logprobs import Logprobs
 from unmask.engine.rows import Rows, per_row
 from unmask.kv.rows import DraftKV, RowsKV
 from unmask.trace import ForwardRecord
@@ -108,6 +109,7 @@ class SpecKind:
         self.sampling = 0  # running rows with a temperature
         self.watching = 0  # watched rows (the playground: their whole answer each step)
         self.constrained = 0  # running rows with a grammar (structured output)
+        self.logprobs = Logprobs(self.rows)  # rows that report their tokens' log-probabilities (the target's)
 
     def prepare(self, params) -> None:
         return None
@@ -126,11 +128,13 @@ class SpecKind:
         self.sampling += sum(q.params.temperature > 0 for q in reqs)
         self.watching += sum(q.watch for q in reqs)
         self.constrained += sum(q.grammar is not None for q in reqs)
+        self.logprobs.admit(reqs)
 
     def remove(self, gone: list[int]) -> None:
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
         self.constrained -= sum(self.rows.reqs[i].grammar is not None for i in gone)
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
+        self.logprobs.remove([self.rows.reqs[i] for i in gone])
         self.rows.remove(gone)
 
     # --- one step --------------------------------------------------------------------------------
@@ -159,6 +163,7 @@ class SpecKind:
             report.records += rnd
             rounds[idx] = 1
         self._report(run, fresh, rounds, gained, old, report, pre, report.records[-1] if idx.numel() else None)
+        self.logprobs.attach(report)
         return report
 
     def _prefill(self, idx: torch.Tensor) -> ForwardRecord:
@@ -177,6 +182,7 @@ class SpecKind:
         if self.constrained:
             self._constrain(idx, logits, None, tokens, None)
         r.x[idx] = r.x[idx].scatter(1, P[:, None], tokens)
+        self.logprobs.record(idx, P[:, None], logits, tokens, torch.ones_like(tokens, dtype=torch.bool))
         r.ver[idx] = P + 1
         r.new[idx] = False
         return ForwardRecord("full", k, float(P.sum()) / k, k, time.perf_counter() - t0)
@@ -219,6 +225,7 @@ class SpecKind:
             self._constrain(idx, logits, block, choice, gained)
         ok = ar < gained[:, None]
         x = x.scatter(1, torch.where(ok, ver[:, None] + ar, r.cap), choice)
+        self.logprobs.record(idx, (ver[:, None] + ar).clamp(max=r.cap), logits, choice, ok)
         if every:
             r.x, r.ver, r.pc = x, ver + gained, gained
         else:

@@ -27,7 +27,8 @@ from unmask.server.completion import Completion
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
 from unmask.server.protocol import ChatRequest, CompletionRequest
-from unmask.server.requests import check_model, check_text, encode, grammar_for, infill, params_for, special_strings
+from unmask.server.requests import (check_model, check_text, encode, grammar_for, infill, logprobs_for, params_for,
+                                    special_strings)
 from unmask.server.text import TextStream
 
 __all__ = ["build_app", "APIError", "TextStream"]
@@ -92,12 +93,13 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
         else:
             ids = list(prompt)
         params = params_for(llm, body, ids, check=not body.template)
+        top = logprobs_for(llm, body)
         ids, params, holes, template = infill(llm, body, ids, params, specials)
         grammar = await grammar_for(state["engine"], body, params, holes)
         if grammar is not None:
             holes = {**holes, "constraint": grammar}
         return await Completion(state["engine"], llm, body, ids, params, request, "completion", served_model_name,
-                                holes, template).respond()
+                                holes, template, top).respond()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -111,9 +113,10 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
 async def _complete(engine: AsyncEngine, llm: LLM, body, ids: list[int], request: Request, kind: str, model: str):
     params = params_for(llm, body, ids)
+    top = logprobs_for(llm, body)
     grammar = await grammar_for(engine, body, params, {})
     return await Completion(engine, llm, body, ids, params, request, kind, model,
-                            None if grammar is None else {"constraint": grammar}).respond()
+                            None if grammar is None else {"constraint": grammar}, logprobs=top).respond()
 
 
 def _chat_ids(llm: LLM, body: ChatRequest) -> list[int]:

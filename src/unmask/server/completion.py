@@ -26,12 +26,18 @@ from unmask.server.text import TextStream
 
 class Completion:
     def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
-                 request: Request, kind: str, model: str, holes: dict | None = None, template=None) -> None:
+                 request: Request, kind: str, model: str, holes: dict | None = None, template=None,
+                 logprobs: int | None = None) -> None:
         """`holes`: what the engine takes besides the prompt (Engine.add_request): infilling's
         suffix and fill, structured output's grammar state (`constraint`); `template`
-        (unmask.holes.Template): each choice then also carries its holes' texts."""
+        (unmask.holes.Template): each choice then also carries its holes' texts; `logprobs`:
+        None, or the most likely tokens to report beside each chosen one."""
         self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
         self.holes, self.template = holes or {}, template
+        self.top = logprobs
+        if logprobs is not None:
+            self.holes = {**self.holes, "logprobs": logprobs}
+        self.offsets = [0] * body.n  # each choice's characters whose logprobs went out (text_offset)
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
@@ -91,7 +97,7 @@ class Completion:
                     self.engine.abort(self.names[i])
 
     def step(self, i: int, out) -> str:
-        delta = self.streams[i].add(out.new_ids)
+        delta = self.streams[i].add(out.new_ids, out.logprobs)
         self.done[i] = out.finished or self.streams[i].finish_reason is not None
         return delta
 
@@ -114,21 +120,33 @@ class Completion:
         for t in self.forwarders:
             t.cancel()
 
-    def _chunk(self, i: int, delta: str | None, finish: str | None, first: bool = False) -> dict:
-        return openai.chunk(self.kind, self.rid, self.created, self.model, i, delta, finish, first)
+    def _logprobs(self, i: int) -> dict | None:
+        """Choice i's logprobs of the tokens whose text went out since the last call (None
+        without logprobs)."""
+        if self.top is None:
+            return None
+        entries = self.streams[i].take()
+        out = openai.logprobs(self.kind, entries, self.offsets[i])
+        self.offsets[i] += sum(len(t) for t, _, _ in entries)
+        return out
+
+    def _chunk(self, i: int, delta: str | None, finish: str | None, first: bool = False, lps=None) -> dict:
+        return openai.chunk(self.kind, self.rid, self.created, self.model, i, delta, finish, first, lps)
 
     async def events(self):
         first = [True] * self.n
         try:
             async for i, out in self.updates():
                 delta = self.step(i, out)
-                if delta:
-                    yield sse(self._chunk(i, delta, None, first[i]))
+                lps = self._logprobs(i)
+                if delta or (lps is not None and lps.get("content", lps.get("tokens"))):
+                    yield sse(self._chunk(i, delta, None, first[i], lps))
                     first[i] = False
                 if self.done[i]:
                     tail = self.streams[i].flush()
-                    if tail or first[i]:
-                        yield sse(self._chunk(i, tail, None, first[i]))
+                    lps = self._logprobs(i)
+                    if tail or first[i] or (lps is not None and lps.get("content", lps.get("tokens"))):
+                        yield sse(self._chunk(i, tail, None, first[i], lps))
                     last = self._chunk(i, None, self.reason(i))
                     if self.template is not None:  # unmask's: each hole's text, with the finish
                         last["choices"][0]["holes"] = self.streams[i].hole_texts()
@@ -155,7 +173,7 @@ class Completion:
             st.flush()
         use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
         out = openai.response(self.kind, self.rid, self.created, self.model, [st.text for st in self.streams],
-                              [self.reason(i) for i in range(self.n)], use)
+                              [self.reason(i) for i in range(self.n)], use, [self._logprobs(i) for i in range(self.n)])
         if self.template is not None:  # unmask's: each hole's text
             for choice, st in zip(out["choices"], self.streams):
                 choice["holes"] = st.hole_texts()

@@ -43,17 +43,40 @@ def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     return out
 
 
+def logprobs(kind: str, entries: list | None, offset: int = 0) -> dict | None:
+    """A choice's (or a chunk's) logprobs in OpenAI's shape from text stream entries (text,
+    logprob, [(text, logprob)] of the most likely; server/text.py TextStream.take); `offset`:
+    the first entry's character offset in the answer (completions' text_offset). None without
+    logprobs."""
+    if entries is None:
+        return None
+    if kind == "chat":
+        def one(text, lp):
+            return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        return {"content": [{**one(t, lp), "top_logprobs": [one(n, v) for n, v in top]} for t, lp, top in entries],
+                "refusal": None}
+    offsets = []
+    for t, _, _ in entries:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": [t for t, _, _ in entries], "token_logprobs": [lp for _, lp, _ in entries],
+            # OpenAI's legacy shape: the most likely tokens and the chosen one, by text
+            "top_logprobs": [{**dict(top), t: lp} for t, lp, top in entries],
+            "text_offset": offsets}
+
+
 def chunk(kind: str, rid: str, created: int, model: str, i: int, delta: str | None, finish: str | None,
-          first: bool = False) -> dict:
-    """One streamed choice update: a chat.completion.chunk or a text_completion chunk."""
+          first: bool = False, lps: dict | None = None) -> dict:
+    """One streamed choice update: a chat.completion.chunk or a text_completion chunk (`lps`: the
+    logprobs of the tokens it carries, `logprobs`' shape)."""
     if kind == "chat":
         d = {"content": delta} if delta is not None else {}
         if first:
             d = {"role": "assistant", **d}
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": i, "delta": d, "finish_reason": finish}]}
+                "choices": [{"index": i, "delta": d, "logprobs": lps, "finish_reason": finish}]}
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": delta or "", "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": i, "text": delta or "", "logprobs": lps, "finish_reason": finish}]}
 
 
 def usage_chunk(kind: str, rid: str, created: int, model: str, use: dict) -> dict:
@@ -61,13 +84,16 @@ def usage_chunk(kind: str, rid: str, created: int, model: str, use: dict) -> dic
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
 
 
-def response(kind: str, rid: str, created: int, model: str, texts: list[str], reasons: list[str], use: dict) -> dict:
-    """The whole (non-streamed) response with one choice per text."""
+def response(kind: str, rid: str, created: int, model: str, texts: list[str], reasons: list[str], use: dict,
+             lps: list | None = None) -> dict:
+    """The whole (non-streamed) response with one choice per text (`lps`: each choice's logprobs)."""
+    lps = lps or [None] * len(texts)
     if kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r}
-                   for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
+                   for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
         return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
                 "usage": use}
-    choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+    choices = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
+               for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
             "usage": use}

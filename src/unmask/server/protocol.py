@@ -3,7 +3,7 @@ GenerationParams' fields, so a new knob is a request field without a line here).
 
 Unknown fields are refused (400) rather than ignored, so a misspelt knob never silently does
 nothing, and types are strict (a string is not a boolean, a boolean not a number); the OpenAI fields that unmask accepts but cannot honour are listed with the values it
-takes (e.g. `logprobs` only false)."""
+takes (e.g. `echo` only false)."""
 
 from typing import Literal
 
@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from unmask.constrain import Constraint
 from unmask.errors import UnmaskError
 from unmask.params import PARAM_FIELDS, field_type
+from unmask.sampler.logprobs import TOP_LOGPROBS
 
 
 # strict types, as OpenAI's API: "yes" is not a boolean, true is not a number of tokens, "3" is not 3
@@ -71,7 +72,6 @@ class _OpenAI(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logprobs: Literal[False] | None = None
     frequency_penalty: Literal[0, 0.0] | None = None
     presence_penalty: Literal[0, 0.0] | None = None
     ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
@@ -127,6 +127,8 @@ class _Common(_Knobs):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str]
+    # each token's log-probability and the `logprobs` most likely tokens' (OpenAI allows 5; unmask 20)
+    logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS)
     echo: Literal[False] | None = None
     suffix: str | None = None  # infilling: the text after the hole (full-attention masked models)
     template: bool = False  # unmask's: the prompt is a template with holes (<|hole:N|>; unmask.holes)
@@ -141,6 +143,10 @@ class CompletionRequest(_Common):
             raise UnmaskError("prompt is empty")
         return p
 
+    def logprob_count(self) -> int | None:
+        """None (no logprobs), or the most likely tokens to report beside each chosen one."""
+        return self.logprobs
+
 
 class ChatMessage(BaseModel):
     model_config = STRICT
@@ -151,3 +157,10 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnmaskError("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -98,3 +98,17 @@ async def grammar_for(engine, body, params: GenerationParams, holes: dict) -> ob
         raise APIError(400, "structured output is not supported under tensor parallelism yet", param="response_format")
     with_holes = bool(holes.get("suffix")) or holes.get("fill") is not None
     return await asyncio.to_thread(make, constraint, params, with_holes)
+
+
+def logprobs_for(llm: LLM, body) -> int | None:
+    """The request's logprobs (None, or the most likely tokens to report beside each chosen
+    one), or a 400 where they are not reported."""
+    k = body.logprob_count()
+    if k is None:
+        return None
+    if getattr(body, "template", False):
+        raise APIError(400, "logprobs are not reported for a template (its fixed text is not generated)",
+                       param="logprobs")
+    if llm.ranks is not None:
+        raise APIError(400, "logprobs under tensor parallelism are not supported yet", param="logprobs")
+    return k

@@ -1,4 +1,5 @@
-"""Committed token ids -> text that is safe to stream: the masked models' committed-prefix stream."""
+"""Committed token ids -> text that is safe to stream: the masked models' committed-prefix stream,
+and the logprob entries of the tokens whose text has gone out."""
 
 from unmask.holes import Template
 from unmask.llm import LLM
@@ -22,27 +23,37 @@ class TextStream:
         self.template, self.raw, self.shown = template, [], []
         self.holes: list[list[int]] = [] if template is None else [[] for _ in template.holes]
         self._ended: set[int] = set()
+        # logprobs: each generated id's (logprob, [(id, logprob)] of the most likely), the text's
+        # length through each id, and how many entries went out
+        self.scores: list = []
+        self.token_ends: list[int] = []
+        self.given = 0
+        self.cut = False  # a stop string cut the text
 
     @property
     def ends(self) -> int:
         """End-of-text tokens committed (counted in tokens per forward): one per hole of a template."""
         return len(self._ended) if self.template is not None else int(self.finish_reason == "stop")
 
-    def add(self, new_ids: list[int]) -> str:
+    def add(self, new_ids: list[int], logprobs: list | None = None) -> str:
+        """The new ids' text that can go out now; `logprobs`: their entries (one per id)."""
         if self.finish_reason is not None:
             return ""
         if self.template is not None:
             return self._add_region(new_ids)
-        for t in new_ids:
+        for k, t in enumerate(new_ids):
             if t in self.stop_ids:
                 self.finish_reason = "stop"
                 break
             self.ids.append(t)
+            if logprobs is not None:
+                self.scores.append(logprobs[k])
+                self.token_ends.append(len(self.llm.tokenizer.decode(self.ids)))
         self.text = self.llm.tokenizer.decode(self.ids)
         hits = [self.text.find(s) for s in self.stops if s in self.text]
         if hits:
             self.text = self.text[: min(hits)]
-            self.finish_reason = "stop"
+            self.finish_reason, self.cut = "stop", True
         end = len(self.text) if self.finish_reason else len(self.text) - self.hold
         while end > self.sent and self.text[end - 1] == "\ufffd":  # an incomplete multi-byte character
             end -= 1
@@ -80,3 +91,31 @@ class TextStream:
         delta = self.text[self.sent :]
         self.sent = len(self.text)
         return delta
+
+    def take(self) -> list[tuple[str, float, list[tuple[int, float]]]]:
+        """The logprob entries not given yet of the tokens whose text has gone out in full (after
+        `flush`, every token that wrote any of the answer): (its text, its logprob, the most
+        likely tokens' texts with theirs). A token's text is its slice of the answer, so the entries'
+        texts join to the answer (a stop string cuts the last one; tokens after it have none)."""
+        out = []
+        while self.given < len(self.scores):
+            i = self.given
+            start = self.token_ends[i - 1] if i else 0
+            if self.cut and start >= len(self.text):  # after the stop string
+                self.given = len(self.scores)
+                break
+            end = min(self.token_ends[i], len(self.text))
+            if end > self.sent:
+                break
+            lp, top = self.scores[i]
+            out.append((self.text[start:end], lp, [(self._name(i, t), v) for t, v in top]))
+            self.given += 1
+        return out
+
+    def _name(self, i: int, token: int) -> str:
+        """Token's text in place of the i-th id: after the id before it, as the answer's own
+        tokens are named (a word-level or SentencePiece token's space is the context's)."""
+        if not i:
+            return self.llm.tokenizer.decode([token])
+        before = self.ids[i - 1]
+        return self.llm.tokenizer.decode([before, token])[len(self.llm.tokenizer.decode([before])):]
