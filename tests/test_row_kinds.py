@@ -46,7 +46,7 @@ class CountKind:
 
     name = "count-up-test"
     Stats = CountStats
-    diagnoses, observer = False, None
+    diagnoses, observer, prefix = False, None, None
     chunk = 3
 
     def __init__(self, ctx: KindContext) -> None:

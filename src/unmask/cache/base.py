@@ -83,6 +83,13 @@ class CachePolicy:
     def plan(self, rows, shift: int, align: int) -> Plan:
         raise NotImplementedError
 
+    def prefix(self, P: int, align: int, shift: int) -> int:
+        """How many of a prompt's P first tokens have K/V that depend on nothing after them, so
+        that another request with the same tokens may reuse them (kv/prefix.py); the row's
+        first plan then starts at `rows.reused` (the columns reused, 0 when none). 0: none (a
+        full-attention model's prompt K/V depend on the canvas after it)."""
+        return 0
+
     def doubts(self, prob: torch.Tensor, commit: torch.Tensor) -> torch.Tensor:
         """(B, W) probability of each proposed token, (B, W) what would commit -> (B,) rows whose
         cached step must be recomputed before anything commits. Only asked when `verifies`."""

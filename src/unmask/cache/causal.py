@@ -18,6 +18,12 @@ class CausalCache(CachePolicy):
     name: ClassVar[str] = "causal"
     suits: ClassVar[tuple[str, ...]] = ("causal",)
 
+    def prefix(self, P: int, align: int, shift: int) -> int:
+        """Every key is final once written; the prompt's last column scores the first answer
+        position, so it is computed."""
+        return P - shift
+
     def plan(self, rows, shift: int, align: int) -> Plan:
-        prefill = (rows.step == 0) & (rows.block == 0)
-        return Plan.window(rows, rows.s - shift, rows.s, full=prefill)
+        first = (rows.step == 0) & (rows.block == 0)
+        prefill = first & (rows.reused == 0)  # a reused prompt prefix: a window from its end instead
+        return Plan.window(rows, torch.where(first, rows.reused, rows.s - shift), rows.s, full=prefill)

@@ -86,7 +86,7 @@ class Engine:
         self.trace: deque[ForwardRecord] = deque(maxlen=self.config.trace_limit)
         name = kind if kind is not None else kind_for(self.arch, drafter)
         self.kind: RowKind = ROW_KINDS.lookup(name, UnmaskError)(
-            KindContext(model, tokens, self.device, self.draws, drafter))
+            KindContext(model, tokens, self.device, self.draws, drafter, int(self.config.prefix_cache_mb * 2**20)))
         self._stop = set(tokens.stop)
         self._ids = itertools.count()
         self.tokenizer = tokenizer
@@ -183,6 +183,12 @@ class Engine:
     @property
     def generators(self) -> dict:
         return self.draws.generators
+
+    @property
+    def prefix_cache(self):
+        """The row kind's prefix cache (kv/prefix.py PrefixStore: its stats, pages, bytes), or
+        None (off, or a kind whose prompt K/V cannot be shared)."""
+        return self.kind.prefix
 
     @property
     def rows(self):

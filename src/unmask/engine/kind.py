@@ -93,6 +93,7 @@ class RowKind(Protocol):
     diagnoses: ClassVar[bool]  # does it feed a commit-time observer (engine/diagnostics.py)?
     observer: object  # that observer, or None
     rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, row by row), `n`, `seq`
+    prefix: object  # its prompt-prefix cache across requests (kv/prefix.py PrefixStore), or None
 
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""
@@ -109,13 +110,15 @@ class RowKind(Protocol):
 @dataclass
 class KindContext:
     """What a row kind is built from: the model, its token ids, the device, the engine's random
-    draws (engine/draws.py), and the drafter of a speculative engine (else None)."""
+    draws (engine/draws.py), the drafter of a speculative engine (else None), and the bytes its
+    prefix cache may hold (kv/prefix.py; 0: none)."""
 
     model: object
     tokens: object
     device: torch.device
     draws: object
     drafter: object = None
+    prefix_bytes: int = 0
 
 
 def kind_for(arch, drafter=None) -> str:

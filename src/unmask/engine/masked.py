@@ -38,6 +38,7 @@ from unmask.engine.postprocess import MaskedStats
 from unmask.engine.rows import RowState
 from unmask.engine.runner import ModelRunner
 from unmask.engine.work import Forward, StepWork, shape
+from unmask.kv.prefix import PrefixStore
 from unmask.params import setting_key
 
 
@@ -66,6 +67,10 @@ class MaskedKind:
                                    arch.vocab_size)
         self.constrained = Constrained(self.rows, self.mask, tokens.eos)  # structured output's rows
         self.logprobs = Logprobs(self.rows)  # rows that report their tokens' log-probabilities
+        # prompt K/V shared across requests, for the settings whose cache policy allows it (kv/prefix.py):
+        # pages of the model's attention block (a block model), else 16 tokens
+        self.prefix = PrefixStore(ctx.prefix_bytes, self.align or 16) if ctx.prefix_bytes else None
+        self._sharing: dict = {}  # request id -> its reusable prompt length, until its prompt K/V are final
         self._setting_ids = itertools.count()
         self.watching = 0  # watched rows (their proposals cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
@@ -90,6 +95,7 @@ class MaskedKind:
             p = req.params
             width = p.block_length if self.align else max(p.steps_per_block, 1)  # the quota table
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
+            self._reuse(req)
             self.constrained.admit(req)
             self.watching += req.watch
         self.logprobs.admit(reqs)
@@ -99,10 +105,38 @@ class MaskedKind:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         for i in gone:
             self.constrained.remove(self.rows.reqs[i])
+            self._sharing.pop(self.rows.reqs[i].id, None)
         self.logprobs.remove([self.rows.reqs[i] for i in gone])
         self.rows.remove(gone)
         self._forget_settings()
         self._ahead = None
+
+    def _reuse(self, req) -> None:
+        """The joining row (the last) takes its prompt's cached prefix, if any; its own prompt's
+        pages are shared once its first step has made them final (`_share`)."""
+        if self.prefix is None:
+            return
+        limit = req.parts.cache.prefix(len(req.prompt), self.align, self.shift)
+        if limit < self.prefix.page:
+            return
+        m, slots = self.prefix.match(req.prompt, limit)
+        if m:
+            r, like = self.rows, self.prefix.pools["k"][0]
+            layers = self.arch.num_layers
+            self.prefix.load({"k": r.layer_buffers("k", layers, like), "v": r.layer_buffers("v", layers, like)},
+                             r.n - 1, slots)
+            r.reused[r.n - 1] = m
+            req.cached_tokens = m
+        self._sharing[req.id] = limit
+
+    def _share(self, report: Report) -> None:
+        """Rows whose first step ran: their prompt's final K/V pages join the prefix cache."""
+        r = self.rows
+        for i in report.rows:
+            req = r.reqs[i]
+            limit = self._sharing.pop(req.id, None)
+            if limit is not None and r.k is not None:
+                self.prefix.insert(req.prompt, limit, {"k": r.k, "v": r.v}, i)
 
     def _forget_settings(self) -> None:
         """Settings no running row uses are dropped, so a long-running server's tables stay small."""
@@ -148,6 +182,8 @@ class MaskedKind:
         self._ahead, self._sizes = ahead, flat[settled.numel():]
         report = postprocess.report(self.rows, work, flat[:settled.numel()])
         self.logprobs.attach(report)
+        if self._sharing:
+            self._share(report)
         return report
 
     def _run(self, work: StepWork, f: Forward) -> None:

@@ -90,7 +90,7 @@ class RenoiseRows(Rows):
 class RenoiseKind:
     name = "renoise"
     Stats = RenoiseStats
-    diagnoses, observer = False, None
+    diagnoses, observer, prefix = False, None, None
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws

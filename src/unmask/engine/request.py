@@ -20,6 +20,9 @@ class EngineConfig:
     static_wait: float = 0.05
     # forward records kept in Engine.trace (a ring: the newest); None keeps every one (offline batches)
     trace_limit: int | None = 4096
+    # prompt K/V shared across requests (kv/prefix.py), for the kinds whose prompt K/V depend on
+    # nothing after them: the most memory its pages may take, MiB (0: off)
+    prefix_cache_mb: float = 256
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
@@ -30,6 +33,9 @@ class EngineConfig:
             raise UnmaskError(f"scheduling {self.scheduling!r} must be continuous or static")
         if not (isinstance(self.static_wait, (int, float)) and 0 <= self.static_wait < 3600):
             raise UnmaskError(f"static_wait {self.static_wait!r} must be seconds in [0, 3600)")
+        mb = self.prefix_cache_mb
+        if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not 0 <= mb < 2**30:
+            raise UnmaskError(f"prefix_cache_mb {mb!r} must be a non-negative number of MiB (0: off)")
         t = self.trace_limit
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
             raise UnmaskError(f"trace_limit {t!r} must be a positive integer or None")
@@ -68,6 +74,7 @@ class Request:
     grammar: object = None
     # logprobs (engine/logprobs.py): None, or how many most likely tokens to report beside each chosen one
     logprobs: int | None = None
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (kv/prefix.py)
     proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:

@@ -212,6 +212,7 @@ class RowState(Rows):
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
     max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
     post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
+    reused: torch.Tensor = per_row()  # prompt columns whose K/V came from the prefix cache (kv/prefix.py)
     conf: torch.Tensor = per_row(torch.float32, cols=True)  # (n, cap + 1) each token's probability when committed
     quota: torch.Tensor = per_row()  # (n, steps) tokens to commit at each step of the block
     k: list | None = per_row(layers=True)  # per layer (n, H_kv, cap + 1, D): the rows' K/V

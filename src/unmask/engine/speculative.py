@@ -90,7 +90,7 @@ class SpecRows(Rows):
 class SpecKind:
     name = "speculative"
     Stats = SpecStats
-    diagnoses, observer = False, None
+    diagnoses, observer, prefix = False, None, None
     constrains = True  # greedy rows (RowGrammar.verify)
 
     def __init__(self, ctx: KindContext) -> None:

@@ -1,0 +1,176 @@
+"""Prompt K/V shared across requests (automatic prefix caching, as vLLM's and SGLang's).
+
+A prompt is cut into pages of `page` tokens. A page's key is a hash of its parent's key and its
+own tokens (a hash chain over token blocks, as vLLM's block hashes), so a key names the whole
+prefix up to the page's end; a lookup walks a prompt's pages from the first while their keys are
+known. Each entry also keeps its tokens and parent key, and a lookup compares them: a hash
+collision is a miss, never a wrong reuse.
+
+The K/V live in a pool of page slots per cached tensor (a row kind's K/V fields: the masked
+rows' "k", "v"; a speculative row's drafter context too), per layer (slots, H, page, D), grown
+as pages are added up to the byte budget the engine sets (EngineConfig.prefix_cache_mb).
+A running row keeps its K/V in its own slot of the rows' store (engine/rows.py), so a hit copies
+the prefix's pages into the joining row's columns [0, m), and a row whose prompt K/V are final
+(after its first step) copies its new pages in. Copies happen inside the step, so no page is
+in use between steps: there is nothing to reference-count, and any page may be evicted.
+Eviction is least recently used, leaves first: a lookup or insert touches a chain's pages from
+its last to its first, so a page is always more recent than the pages that extend it, and a
+prefix is never evicted while a longer one built on it stays.
+
+Whose K/V may be reused is the cache policy's to say (unmask.cache CachePolicy.prefix): K/V
+that depend on nothing after their position (a block-diffusion model's finished attention
+blocks, a causal model's keys). A full-attention model's prompt K/V depend on the canvas after
+them, so its rows never reuse (docs/serving.md)."""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefixStats:
+    queries: int = 0  # prompt tokens looked up (up to each prompt's reusable length)
+    hits: int = 0  # of those, tokens whose K/V were reused
+    lookups: int = 0  # prompts looked up
+    hit_requests: int = 0  # of those, prompts that reused at least one page
+    inserted: int = 0  # pages written
+    evicted: int = 0  # pages dropped for room
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class PrefixStore:
+    def __init__(self, budget_bytes: int, page: int) -> None:
+        self.budget, self.page = budget_bytes, page
+        # key -> (slot, parent key, the page's tokens); oldest first (the LRU order)
+        self.table: OrderedDict[int, tuple[int, int | None, tuple]] = OrderedDict()
+        self.free: list[int] = []
+        self.pools: dict[str, list[torch.Tensor]] = {}  # name -> per layer (slots, H, page, D)
+        self.capacity: int | None = None  # slots the budget holds (known once the first page is written)
+        self.stats = PrefixStats()
+
+    @property
+    def pages(self) -> int:
+        return len(self.table)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes the pool holds now (its slots, used or free)."""
+        return sum(u.numel() * u.element_size() for pool in self.pools.values() for u in pool)
+
+    def _chain(self, tokens: list[int], pages: int):
+        parent = None
+        for i in range(pages):
+            page = tuple(tokens[i * self.page : (i + 1) * self.page])
+            key = hash((parent, page))
+            yield key, parent, page
+            parent = key
+
+    def _touch(self, keys: list[int]) -> None:
+        for key in reversed(keys):  # the first page last: most recent (evicted after what extends it)
+            self.table.move_to_end(key)
+
+    def match(self, tokens: list[int], limit: int) -> tuple[int, list[int]]:
+        """The longest cached prefix of `tokens` within `limit` tokens: (its length, its slots)."""
+        pages = limit // self.page
+        self.stats.lookups += 1
+        self.stats.queries += pages * self.page
+        keys, slots = [], []
+        for key, parent, page in self._chain(tokens, pages):
+            entry = self.table.get(key)
+            if entry is None or entry[1] != parent or entry[2] != page:
+                break
+            keys.append(key)
+            slots.append(entry[0])
+        if keys:
+            self._touch(keys)
+            self.stats.hits += len(keys) * self.page
+            self.stats.hit_requests += 1
+        return len(keys) * self.page, slots
+
+    def load(self, fields: dict[str, list[torch.Tensor]], row: int, slots: list[int]) -> None:
+        """Copy pages `slots` into row `row`'s columns [0, len(slots) * page) of `fields` (name ->
+        per layer (n, H, C, D))."""
+        if not slots:
+            return
+        idx = torch.tensor(slots, dtype=torch.long, device=next(iter(self.pools.values()))[0].device)
+        m = len(slots) * self.page
+        for name, layers in fields.items():
+            for u, pool in zip(layers, self.pools[name]):
+                got = pool[idx]  # (k, H, page, D)
+                u[row, :, :m] = got.transpose(0, 1).reshape(got.shape[1], m, got.shape[3])
+
+    def insert(self, tokens: list[int], limit: int, fields: dict[str, list[torch.Tensor]], row: int) -> None:
+        """Add the pages of `tokens` within `limit` tokens that are not cached yet, from row
+        `row`'s columns of `fields` (its K/V, final there): one copy per layer and field."""
+        chain = list(self._chain(tokens, limit // self.page))
+        if not chain:
+            return
+        if not self.pools:
+            self._allocate(fields)
+        if not self.capacity:
+            return
+        mine = {key for key, _, _ in chain}
+        keys, new, slots = [], [], []
+        for i, (key, parent, page) in enumerate(chain):
+            entry = self.table.get(key)
+            if entry is not None and entry[1] == parent and entry[2] == page:
+                keys.append(key)
+                continue
+            if entry is not None:  # a hash collision: this chain cannot go on through that key
+                break
+            slot = self._slot(mine)
+            if slot is None:
+                break
+            self.table[key] = (slot, parent, page)
+            keys.append(key)
+            new.append(i)
+            slots.append(slot)
+        if new:
+            dev = next(iter(self.pools.values()))[0].device
+            pages = torch.tensor(new, dtype=torch.long, device=dev)
+            to = torch.tensor(slots, dtype=torch.long, device=dev)
+            span = (new[-1] + 1) * self.page
+            for name, layers in fields.items():
+                for u, pool in zip(layers, self.pools[name]):
+                    H, D = u.shape[1], u.shape[3]
+                    pool[to] = u[row, :, :span].reshape(H, -1, self.page, D)[:, pages].transpose(0, 1)
+            self.stats.inserted += len(new)
+        self._touch(keys)
+
+    def _allocate(self, fields: dict[str, list[torch.Tensor]]) -> None:
+        """The pool's shape from the first row's K/V fields; no slots yet (they grow)."""
+        per_slot = sum(u.shape[1] * self.page * u.shape[3] * u.element_size() for layers in fields.values()
+                       for u in layers)
+        self.capacity = self.budget // per_slot
+        self.pools = {name: [u.new_zeros(0, u.shape[1], self.page, u.shape[3]) for u in layers]
+                      for name, layers in fields.items()}
+
+    def _slot(self, keep: set) -> int | None:
+        """A free slot: an unused one, a new one (the pool grows by half, within the budget), or
+        the least recently used page's (never one of `keep`, the chain being written)."""
+        if self.free:
+            return self.free.pop()
+        have = next(iter(self.pools.values()))[0].shape[0]
+        if have < self.capacity:
+            grow = min(max(have // 2, 16), self.capacity - have)
+            for name, layers in self.pools.items():
+                self.pools[name] = [torch.cat([u, u.new_zeros(grow, *u.shape[1:])]) for u in layers]
+            self.free = list(range(have + grow - 1, have, -1))
+            return have
+        if not self.table:
+            return None
+        key = next(iter(self.table))
+        if key in keep:
+            return None
+        slot, _, _ = self.table.pop(key)
+        self.stats.evicted += 1
+        return slot
+
+    def clear(self) -> None:
+        self.table.clear()
+        self.free.clear()
+        self.pools.clear()
+        self.capacity = None
