@@ -13,6 +13,7 @@ from unmask.engine import EngineConfig
 from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
 
+OTHER = "sort : 1 2 3 json : name ann age 9 city oslo pick cat red : sort : 9 8 7 copy : sun"
 SHARED = ("copy : red 4 owl json : name bob age 3 4 city rome sort : 7 4 0 9 pick hand red cat sun : "
           "copy : red 4 owl")
 TAILS = ["red 4 owl", "blue cat", "sun 3 9", "7 4 0 9", "bob rome", "cat cat", "owl 3", "4 4 red"]
@@ -64,6 +65,11 @@ def test_a_hash_collision_is_a_miss_not_a_wrong_reuse():
     assert store.match([1, 2, 3, 4], 4)[0] == 0
 
 
+def _computed(engine) -> float:
+    """Positions the engine's forwards computed, over every row."""
+    return sum(r.rows * r.positions for r in engine.trace)
+
+
 def _decode(llm, prompts, params, config, stagger=0):
     """Each prompt's canvas and cached tokens, request i added at step i * stagger (all at
     once: 0; one after another, each alone: None)."""
@@ -91,11 +97,11 @@ def test_reused_prefixes_write_what_uncached_requests_write(request, fixture):
     from the reused prefix's end, not a full forward)."""
     llm = request.getfixturevalue(fixture)
     rng = random.Random(0)
-    other = "sort : 1 2 3 json : name ann age 9 city oslo pick cat red : sort : 9 8 7 copy : sun"
-    prompts = [f"{SHARED if rng.random() < 0.7 else other} copy : {t}" for t in TAILS * 2]
+    prompts = [f"{SHARED if rng.random() < 0.7 else OTHER} copy : {t}" for t in TAILS * 2]
     ids = llm.encode(prompts, chat=False)
     params = llm.default_params(gen_length=16)
-    want = [q.canvas for q in _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)[0]]
+    plain, uncached = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)
+    want = [q.canvas for q in plain]
     arch = llm.model.config
     page = (arch.block_size or 16) * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4  # bytes
     for stagger, mb in [(None, 256), (2, 256), (1, 2.5 * page / 2**20)]:  # the last: room for 2 pages
@@ -104,6 +110,8 @@ def test_reused_prefixes_write_what_uncached_requests_write(request, fixture):
         stats = engine.prefix_cache.stats
         assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
         assert sum(q.cached_tokens > 0 for q in reqs) >= len(reqs) // 2
+        if stagger is None:  # each reused token is a position not computed again
+            assert _computed(uncached) - _computed(engine) >= stats.hits
         if mb < 1:
             assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
         fulls = sum(r.kind == "full" for r in engine.trace)
@@ -123,3 +131,30 @@ def test_the_budget_is_checked():
     for bad in (-1, "8", True, float("nan")):
         with pytest.raises(UnmaskError, match="prefix_cache_mb"):
             EngineConfig(prefix_cache_mb=bad)
+
+
+def test_speculative_rows_reuse_both_caches(embedded_ar):
+    """A DFlash target and its drafter: a reused prefix brings the target's K/V and the drafter's
+    context; every request writes what it writes uncached (the target's greedy output), joining
+    a running batch and under evictions."""
+    from unmask import LLM
+
+    llm = LLM("default-ar", draft="default-dflash")
+    rng = random.Random(1)
+    prompts = [f"{SHARED if rng.random() < 0.7 else OTHER} copy : {t}" for t in TAILS * 2]
+    ids = llm.encode(prompts, chat=False)
+    params = llm.default_params(gen_length=16)
+    plain, uncached = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)
+    want = [q.canvas for q in plain]
+    arch, d = llm.model.config, llm.drafter.config
+    page = 16 * 2 * 4 * (arch.num_layers * arch.num_kv_heads * arch.head_dim + d.num_layers * d.num_kv_heads * d.head_dim)
+    for stagger, mb in [(None, 256), (2, 256), (1, 2.5 * page / 2**20)]:
+        reqs, engine = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=mb), stagger)
+        assert [q.canvas for q in reqs] == want, (stagger, mb)
+        stats = engine.prefix_cache.stats
+        assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
+        assert sum(q.cached_tokens > 0 for q in reqs) >= len(reqs) // 2
+        if stagger is None:  # each reused token is a position not computed again
+            assert _computed(uncached) - _computed(engine) >= stats.hits
+        if mb < 1:
+            assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20

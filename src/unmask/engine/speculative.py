@@ -38,6 +38,7 @@ import torch
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.rows import Rows, per_row
+from unmask.kv.prefix import PrefixStore
 from unmask.kv.rows import DraftKV, RowsKV
 from unmask.trace import ForwardRecord
 
@@ -63,6 +64,7 @@ class SpecRows(Rows):
     early: torch.Tensor = per_row(torch.bool)
     temp: torch.Tensor = per_row(torch.float32)
     pc: torch.Tensor = per_row()  # target features the drafter has not read (their count)
+    reused: torch.Tensor = per_row()  # prompt columns whose K/V (both caches) came from the prefix cache
     pend: torch.Tensor | None = per_row(torch.float32, lazy=True)  # (n, w, F) those features
     k: list | None = per_row(layers=True)  # the target's K/V rows
     v: list | None = per_row(layers=True)
@@ -90,7 +92,7 @@ class SpecRows(Rows):
 class SpecKind:
     name = "speculative"
     Stats = SpecStats
-    diagnoses, observer, prefix = False, None, None
+    diagnoses, observer = False, None
     constrains = True  # greedy rows (RowGrammar.verify)
 
     def __init__(self, ctx: KindContext) -> None:
@@ -110,6 +112,12 @@ class SpecKind:
         self.watching = 0  # watched rows (the playground: their whole answer each step)
         self.constrained = 0  # running rows with a grammar (structured output)
         self.logprobs = Logprobs(self.rows)  # rows that report their tokens' log-probabilities (the target's)
+        # prompt K/V shared across requests (kv/prefix.py): the target's and the drafter's context,
+        # both causal, in pages of 16 tokens; a row shares its prompt once its first round has run
+        self.prefix = PrefixStore(ctx.prefix_bytes, 16) if ctx.prefix_bytes else None
+        self._layers = {"k": self.model.config.num_layers, "v": self.model.config.num_layers,
+                        "dk": c.num_layers, "dv": c.num_layers}
+        self._sharing: dict = {}  # request id -> its reusable prompt length, until its first round
 
     def prepare(self, params) -> None:
         return None
@@ -125,12 +133,44 @@ class SpecKind:
         r.append(reqs, {"x": x, "P": lens, "G": [q.params.gen_length for q in reqs], "ver": lens, "dlen": 0,
                         "new": True, "early": [q.params.early_stop for q in reqs],
                         "temp": [float(q.params.temperature) for q in reqs], "pc": lens})
+        if self.prefix is not None:
+            self._reuse(reqs, r.n - len(reqs))
         self.sampling += sum(q.params.temperature > 0 for q in reqs)
         self.watching += sum(q.watch for q in reqs)
         self.constrained += sum(q.grammar is not None for q in reqs)
         self.logprobs.admit(reqs)
 
+    def _reuse(self, reqs: list, first: int) -> None:
+        """Joining rows (from row `first`) take their prompts' cached prefixes: the target's K/V
+        and the drafter's context of [0, m), so their prefill computes [m, P) and the drafter
+        reads the features of [m, P) only. The last prompt column is always computed (its
+        logits give the first token)."""
+        r, store = self.rows, self.prefix
+        for j, q in enumerate(reqs, first):
+            limit = len(q.prompt) - 1
+            if limit < store.page:
+                continue
+            self._sharing[q.id] = limit
+            m, slots = store.match(q.prompt, limit)
+            if not m:
+                continue
+            store.load({name: r.layer_buffers(name, self._layers[name], pool[0]) for name, pool in store.pools.items()},
+                       j, slots)
+            r.reused[j], r.dlen[j], r.pc[j] = m, m, len(q.prompt) - m
+            q.cached_tokens = m
+
+    def _share(self, report: Report) -> None:
+        """Rows whose first round ran: their prompts' pages (both caches final there) join the
+        prefix cache; a row that ended at its prefill shares nothing (no drafter context)."""
+        r = self.rows
+        for i, stats in zip(report.rows, report.stats):
+            limit = self._sharing.pop(r.reqs[i].id, None)
+            if limit is not None and stats.draft_forwards:
+                self.prefix.insert(r.reqs[i].prompt, limit, {name: getattr(r, name) for name in self._layers}, i)
+
     def remove(self, gone: list[int]) -> None:
+        for i in gone:
+            self._sharing.pop(self.rows.reqs[i].id, None)
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
         self.constrained -= sum(self.rows.reqs[i].grammar is not None for i in gone)
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
@@ -140,7 +180,7 @@ class SpecKind:
     # --- one step --------------------------------------------------------------------------------
     def cost(self) -> Cost:
         r = self.rows
-        return Cost(torch.where(r.new, r.P, 0) + r.pc + 2 * self.B, r.seq)
+        return Cost(torch.where(r.new, r.P - r.reused, 0) + r.pc + 2 * self.B, r.seq)
 
     def decode(self, run: torch.Tensor) -> Report:
         r, dev = self.rows, self.device
@@ -164,19 +204,35 @@ class SpecKind:
             rounds[idx] = 1
         self._report(run, fresh, rounds, gained, old, report, pre, report.records[-1] if idx.numel() else None)
         self.logprobs.attach(report)
+        if self._sharing:
+            self._share(report)
         return report
 
     def _prefill(self, idx: torch.Tensor) -> ForwardRecord:
-        """Run the target over rows `idx`' prompts; take each row's first output token."""
+        """Run the target over rows `idx`' prompts (from the end of a reused prefix, against its
+        K/V); take each row's first output token."""
         t0, r = time.perf_counter(), self.rows
         k = idx.numel()
         P = r.P[idx]
-        Pmax = int(P.max())
-        cols = torch.arange(Pmax, device=self.device)[None, :].expand(k, -1)
-        real = cols < P[:, None]
-        kv = RowsKV(r, idx, torch.where(real, cols, r.cap), True, r.num_layers)
-        logits, feats = self.model(r.x[idx, :Pmax], cols, kv, 0, None if bool(real.all()) else real,
-                                   (P - 1)[:, None], capture=self.layers)
+        S = r.reused[idx]
+        if self.prefix is not None and bool(S.any()):  # some rows reuse a cached prefix
+            Q = P - S
+            ar = torch.arange(int(Q.max()), device=self.device)[None, :]
+            real = ar < Q[:, None]
+            cols = torch.where(real, S[:, None] + ar, r.cap)
+            keys = torch.arange(r.cap + 1, device=self.device)[None, :] < P[:, None]  # its prompt's columns
+            kv = RowsKV(r, idx, cols, False, r.num_layers)
+            logits, feats = self.model(r.x[idx].gather(1, cols), torch.where(real, cols, 0), kv, S, keys,
+                                       (Q - 1)[:, None], capture=self.layers)
+            n_pos = float(Q.sum())
+        else:  # no row reuses: one forward over the prompts alone
+            Pmax = int(P.max())
+            cols = torch.arange(Pmax, device=self.device)[None, :].expand(k, -1)
+            real = cols < P[:, None]
+            kv = RowsKV(r, idx, torch.where(real, cols, r.cap), True, r.num_layers)
+            logits, feats = self.model(r.x[idx, :Pmax], cols, kv, 0, None if bool(real.all()) else real,
+                                       (P - 1)[:, None], capture=self.layers)
+            n_pos = float(P.sum())
         r.put_pend(idx, torch.where(real[..., None], feats, 0))
         tokens = self._choose(logits, idx)  # (k, 1)
         if self.constrained:
@@ -185,7 +241,7 @@ class SpecKind:
         self.logprobs.record(idx, P[:, None], logits, tokens, torch.ones_like(tokens, dtype=torch.bool))
         r.ver[idx] = P + 1
         r.new[idx] = False
-        return ForwardRecord("full", k, float(P.sum()) / k, k, time.perf_counter() - t0)
+        return ForwardRecord("full", k, n_pos / k, k, time.perf_counter() - t0)
 
     def _round(self, idx: torch.Tensor, gained_out: torch.Tensor) -> list[ForwardRecord]:
         """One draft forward and one verify forward over rows `idx`."""
