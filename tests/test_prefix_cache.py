@@ -158,3 +158,49 @@ def test_speculative_rows_reuse_both_caches(embedded_ar):
             assert _computed(uncached) - _computed(engine) >= stats.hits
         if mb < 1:
             assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
+
+
+def test_renoising_rows_reuse_the_encoders_prompt(tmp_path):
+    """A renoising model's encoder is causal: a reused prefix brings its slots (every full layer's,
+    a sliding layer's last window - 1: window 8 here, prompts of 20-50 tokens), and the row
+    encodes the rest of its prompt. Seeded requests of two canvases write what they write
+    uncached, one after another, joining a running batch and under evictions."""
+    from checkpoints import write_diffusion_gemma
+
+    from unmask import LLM
+
+    llm = LLM(write_diffusion_gemma(tmp_path / "dg", window=8))
+    rng = random.Random(2)
+    shared = [rng.randrange(3, 120) for _ in range(40)]
+    other = [rng.randrange(3, 120) for _ in range(20)]
+    ids = [(shared if rng.random() < 0.7 else other) + [rng.randrange(3, 120) for _ in range(rng.randrange(1, 8))]
+           for _ in range(10)]
+    params = [llm.default_params(seed=i, gen_length=32) for i in range(len(ids))]
+
+    def run(config, stagger):
+        engine = llm.engine(config)
+        reqs, step = [], 0
+        while len(reqs) < len(ids) or engine.has_unfinished():
+            while len(reqs) < len(ids) and (stagger is None and not engine.has_unfinished()
+                                            or stagger is not None and len(reqs) * stagger <= step):
+                reqs.append(engine.add_request(ids[len(reqs)], params[len(reqs)]))
+            engine.step()
+            step += 1
+        return reqs, engine
+
+    plain, uncached = run(EngineConfig(prefix_cache_mb=0), None)
+    want = [q.canvas for q in plain]
+    assert len({tuple(c) for c in want}) > 1 and all(c.count(1) < 32 for c in want)  # not a trivial answer
+    arch = llm.model.config
+    lay = arch.layout
+    page = 16 * 4 * 2 * sum(arch.head_dim * arch.num_kv_heads if s else lay.full_head_dim * lay.full_kv_heads
+                            for s in lay.sliding)
+    for stagger, mb in [(None, 256), (3, 256), (1, 2.5 * page / 2**20)]:
+        reqs, engine = run(EngineConfig(prefix_cache_mb=mb), stagger)
+        assert [q.canvas for q in reqs] == want, (stagger, mb)
+        stats = engine.prefix_cache.stats
+        assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
+        if stagger is None:
+            assert _computed(uncached) - _computed(engine) >= stats.hits
+        if mb < 1:
+            assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.kv.prefix import PrefixStore
 from unmask.kv.renoise import RenoiseKV
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.rows import Rows, per_row
@@ -90,7 +91,7 @@ class RenoiseRows(Rows):
 class RenoiseKind:
     name = "renoise"
     Stats = RenoiseStats
-    diagnoses, observer, prefix = False, None, None
+    diagnoses, observer = False, None
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws
@@ -101,6 +102,10 @@ class RenoiseKind:
         self.rows = RenoiseRows(self.device, self.pad, L=self.L)
         self.kv = RenoiseKV(arch.layout.sliding, arch.layout.window, 0, self.device)
         self.watching = 0
+        # prompt K/V shared across requests (kv/prefix.py): the encoder's, causal, in pages of 16
+        # tokens, every layer whole (a sliding layer holds only its window of a reused prefix)
+        self.prefix = PrefixStore(ctx.prefix_bytes, 16) if ctx.prefix_bytes else None
+        self._sharing: dict = {}  # request id -> (its reusable prompt length, reused), until its prompt is encoded
 
     def prepare(self, params) -> None:
         return None
@@ -123,9 +128,33 @@ class RenoiseKind:
         r.pending += [torch.tensor(q.prompt, dtype=torch.long, device=self.device) for q in reqs]
         r.answers += [[] for _ in reqs]
         self.kv.add_rows(n)
+        if self.prefix is not None:
+            self._reuse(reqs, r.n - n)
         self.watching += sum(q.watch for q in reqs)
 
+    def _reuse(self, reqs: list, first: int) -> None:
+        """Joining rows (from row `first`) take their prompts' cached prefixes: the encoder's
+        slots of [0, m), so they encode [m, P) only (at least the last prompt token, whose pass
+        starts the first canvas)."""
+        r, store, lay = self.rows, self.prefix, self.model.config.layout
+        for j, q in enumerate(reqs, first):
+            limit = len(q.prompt) - 1
+            if limit < store.page:
+                continue
+            m, slots = store.match(q.prompt, limit)
+            self._sharing[q.id] = (limit, m)
+            if not m:
+                continue
+            got = store.gather(slots)
+            self.kv.put(torch.tensor([j], device=self.device),
+                        RenoiseKV.holding(lay.sliding, lay.window, got["k"], got["v"], m, self.device))
+            r.start[j], r.new_len[j] = m, len(q.prompt) - m
+            r.pending[j] = r.pending[j][m:]
+            q.cached_tokens = m
+
     def remove(self, gone: list[int]) -> None:
+        for i in gone:
+            self._sharing.pop(self.rows.reqs[i].id, None)
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         perm = self.rows.remove(gone)
         self.kv.keep(torch.tensor(perm, dtype=torch.long, device=self.device))
@@ -152,9 +181,16 @@ class RenoiseKind:
         held = torch.arange(new.shape[1], device=self.device)[None] < n[:, None]
         positions = r.start[rows][:, None] + torch.arange(new.shape[1], device=self.device)[None]
         kv = self.kv.select(rows)
-        with kv.writing(positions, held, held):
+        sharing = [self._sharing.pop(r.reqs[i].id, None) for i in idx] if self._sharing else []
+        with kv.writing(positions, held, held, record=any(sharing)):
             self.model.encode(new, positions, kv)
         self.kv.put(rows, kv)
+        for b, (i, share) in enumerate(zip(idx, sharing)):  # prompts just encoded: their pages join the cache
+            if share is not None:
+                layers = range(len(kv.recorded))
+                self.prefix.insert(r.reqs[i].prompt, share[0], {"k": [kv.recorded[j][0] for j in layers],
+                                                                "v": [kv.recorded[j][1] for j in layers]}, b, share[1])
+        kv.recorded = None
         r.start[rows] += n
         r.new_len[rows] = 0
         for i in idx:

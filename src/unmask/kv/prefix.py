@@ -90,21 +90,31 @@ class PrefixStore:
             self.stats.hit_requests += 1
         return len(keys) * self.page, slots
 
+    def gather(self, slots: list[int]) -> dict[str, list[torch.Tensor]]:
+        """Pages `slots` joined: name -> per layer (H, len(slots) * page, D)."""
+        idx = torch.tensor(slots, dtype=torch.long, device=next(iter(self.pools.values()))[0].device)
+        out = {}
+        for name, pool in self.pools.items():
+            got = [u[idx] for u in pool]  # (k, H, page, D)
+            out[name] = [g.transpose(0, 1).reshape(g.shape[1], -1, g.shape[3]) for g in got]
+        return out
+
     def load(self, fields: dict[str, list[torch.Tensor]], row: int, slots: list[int]) -> None:
         """Copy pages `slots` into row `row`'s columns [0, len(slots) * page) of `fields` (name ->
         per layer (n, H, C, D))."""
         if not slots:
             return
-        idx = torch.tensor(slots, dtype=torch.long, device=next(iter(self.pools.values()))[0].device)
         m = len(slots) * self.page
-        for name, layers in fields.items():
-            for u, pool in zip(layers, self.pools[name]):
-                got = pool[idx]  # (k, H, page, D)
-                u[row, :, :m] = got.transpose(0, 1).reshape(got.shape[1], m, got.shape[3])
+        for name, pages in self.gather(slots).items():
+            for u, got in zip(fields[name], pages):
+                u[row, :, :m] = got
 
-    def insert(self, tokens: list[int], limit: int, fields: dict[str, list[torch.Tensor]], row: int) -> None:
+    def insert(self, tokens: list[int], limit: int, fields: dict[str, list[torch.Tensor]], row: int,
+               offset: int = 0) -> None:
         """Add the pages of `tokens` within `limit` tokens that are not cached yet, from row
-        `row`'s columns of `fields` (its K/V, final there): one copy per layer and field."""
+        `row`'s columns of `fields` (name -> per layer (n, H, C, D), its K/V, final there; column
+        c holds token offset + c, `offset` a whole number of pages, so pages before it can only be
+        found, not written): one copy per layer and field."""
         chain = list(self._chain(tokens, limit // self.page))
         if not chain:
             return
@@ -119,7 +129,7 @@ class PrefixStore:
             if entry is not None and entry[1] == parent and entry[2] == page:
                 keys.append(key)
                 continue
-            if entry is not None:  # a hash collision: this chain cannot go on through that key
+            if entry is not None or i * self.page < offset:  # a hash collision, or K/V not at hand
                 break
             slot = self._slot(mine)
             if slot is None:
@@ -130,9 +140,9 @@ class PrefixStore:
             slots.append(slot)
         if new:
             dev = next(iter(self.pools.values()))[0].device
-            pages = torch.tensor(new, dtype=torch.long, device=dev)
-            to = torch.tensor(slots, dtype=torch.long, device=dev)
-            span = (new[-1] + 1) * self.page
+            rel = [i - offset // self.page for i in new]  # the pages' places in `fields` (offset: whole pages)
+            pages, to = (torch.tensor(v, dtype=torch.long, device=dev) for v in (rel, slots))
+            span = (rel[-1] + 1) * self.page
             for name, layers in fields.items():
                 for u, pool in zip(layers, self.pools[name]):
                     H, D = u.shape[1], u.shape[3]

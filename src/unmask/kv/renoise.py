@@ -37,6 +37,7 @@ class RenoiseKV:
         self._held = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
         self._valid = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
         self._write = None  # while writing: per kind (mask, order, width, pos, held, valid)
+        self.recorded: dict | None = None  # while writing with `record`: layer -> the pass's fresh (k, v)
         # while the held slots do not change (between encoder passes, not training): per layer the
         # denoiser's (keys, values, mask) buffers, held K/V then the canvas's, rewritten in place
         self._den: dict[int, tuple] = {}
@@ -78,6 +79,8 @@ class RenoiseKV:
         """New slots' K/V (B, H, n, D) -> (keys, values, mask (B, 1, n, T)) to attend over; the
         layer's held K/V become the old ones and the new ones, truncated as the layer keeps them."""
         mask, order, width = self._write[self.sliding[layer]][:3]
+        if self.recorded is not None:
+            self.recorded[layer] = (k, v)
         old_k, old_v = self._held_kv(layer)
         keys = k if old_k is None else torch.cat([old_k, k], 2)
         vals = v if old_v is None else torch.cat([old_v, v], 2)
@@ -109,13 +112,15 @@ class RenoiseKV:
 
     # --- the caller's side -----------------------------------------------------------------------
     @contextmanager
-    def writing(self, positions: torch.Tensor, held: torch.Tensor, valid: torch.Tensor):
+    def writing(self, positions: torch.Tensor, held: torch.Tensor, valid: torch.Tensor, record: bool = False):
         """Around one encoder pass: the new slots' positions (B, n), which of the n columns are
         slots of the row (right padding of a batch of unequal lengths is not), and which are
         attended to (a left-padded prompt's padding is a slot, not valid). Afterwards the cache is
-        exactly its rows and held slots."""
+        exactly its rows and held slots. `record`: keep every layer's fresh K/V of the pass in
+        `recorded` (whole, before a sliding layer drops its old slots: a prefix cache's pages)."""
         q_ok = held & valid
         self._write = {}
+        self.recorded = {} if record else None
         pos_now, held_now, valid_now = self.pos, self.held, self.valid
         for s in self.kinds:
             pos = torch.cat([pos_now[s], positions], 1)
@@ -143,6 +148,23 @@ class RenoiseKV:
                 _, _, _, self._pos[s], self._held[s], self._valid[s] = self._write[s]
             self._write = None
             self._den.clear()
+
+    @classmethod
+    def holding(cls, sliding: tuple[bool, ...], window: int, k: list, v: list, m: int, device) -> "RenoiseKV":
+        """One row holding the slots of positions [0, m) (a prompt prefix whose K/V are known:
+        k, v per layer (H, m, D)), each layer as an encoder pass over them would leave it
+        (sliding layers: the last window - 1)."""
+        out = cls(sliding, window, 1, device)
+        for s in out.kinds:
+            w = min(m, window - 1) if s else m
+            out.width[s] = w
+            out._pos[s] = torch.arange(m - w, m, device=device)[None]
+            out._held[s] = torch.ones(1, w, dtype=torch.bool, device=device)
+            out._valid[s] = out._held[s].clone()
+        for i, s in enumerate(sliding):
+            w = out.width[s]
+            out._k[i], out._v[i] = k[i][None, :, m - w:], v[i][None, :, m - w:]
+        return out
 
     def select(self, rows: torch.Tensor) -> "RenoiseKV":
         """A cache of the given rows (a copy of their tensors, exactly their size)."""
