@@ -204,3 +204,50 @@ def test_renoising_rows_reuse_the_encoders_prompt(tmp_path):
             assert _computed(uncached) - _computed(engine) >= stats.hits
         if mb < 1:
             assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
+
+
+@pytest.mark.parametrize("fixture", ["embedded_ar", "embedded_block"])
+def test_the_server_reuses_prefixes_under_concurrency(request, fixture):
+    """24 concurrent requests through `unmask serve`'s app (the openai client, half streamed, a
+    budget of a few pages so pages are evicted while requests run): each answer is what the
+    model writes for it alone without the cache, usage reports its cached tokens as OpenAI does
+    (prompt_tokens_details.cached_tokens), and /metrics the hits and evictions."""
+    import asyncio
+
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    from test_server import Server
+
+    llm = request.getfixturevalue(fixture)
+    arch = llm.model.config
+    page = (arch.block_size or 16) * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4
+    rng = random.Random(3)
+    prompts = [f"{SHARED if rng.random() < 0.7 else OTHER} copy : {rng.choice(TAILS)}" for _ in range(24)]
+    want = [llm.generate([p], llm.default_params(gen_length=16)).results[0].text for p in prompts]
+    server = Server(llm, served_model_name="m", engine_config=EngineConfig(prefix_cache_mb=2.5 * page / 2**20))
+    try:
+        async def one(client, i):
+            await asyncio.sleep(0.01 * i)  # arrivals spread over a running batch
+            if i % 2:
+                chunks = [c async for c in await client.completions.create(
+                    model="m", prompt=prompts[i], max_tokens=16, stream=True, stream_options={"include_usage": True})]
+                return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage
+            out = await client.completions.create(model="m", prompt=prompts[i], max_tokens=16)
+            return out.choices[0].text, out.usage
+
+        async def main():
+            client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+            return await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
+
+        got = asyncio.run(main())
+        metrics = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    assert [text for text, _ in got] == want
+    cached = [use.prompt_tokens_details.cached_tokens for _, use in got]
+    assert sum(c > 0 for c in cached) >= 6 and all(c % (arch.block_size or 16) == 0 for c in cached)
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines() if line and line[0] != "#"}
+    assert values["unmask_prefix_cache_hits_total"] == sum(cached)
+    assert values["unmask_prefix_cache_evictions_total"] > 0
+    assert values["unmask_prefix_cache_bytes"] <= values["unmask_prefix_cache_budget_bytes"]
+    assert 0 < values["unmask_prefix_cache_hit_rate"] <= 1

@@ -365,7 +365,8 @@ class LLM:
         rank 0's engine replayed on the other ranks (else every rank runs this same call)."""
         each = params if isinstance(params, list) else [params] * len(ids)
         params = each[0]
-        config = EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None)
+        # every request joins at the first step, so none could reuse another's prompt: no prefix cache
+        config = EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None, prefix_cache_mb=0)
         engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
         reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],

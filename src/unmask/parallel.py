@@ -248,6 +248,10 @@ class LockstepEngine:
         return self._engine.trace
 
     @property
+    def prefix_cache(self):
+        return self._engine.prefix_cache
+
+    @property
     def num_running(self) -> int:
         return self._engine.num_running
 

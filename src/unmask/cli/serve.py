@@ -24,7 +24,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise UnmaskError(f"--port {a.port} must be in 0..65535")
     config = EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                          max_waiting=a.max_waiting, scheduling=a.scheduling)
+                          max_waiting=a.max_waiting, scheduling=a.scheduling, prefix_cache_mb=a.prefix_cache_mb)
     if a.replicas is not None or a.min_replicas is not None or a.max_replicas is not None:
         return _serve_ray(a, config)
     for flag in RAY_ONLY:  # a Ray Serve setting without replicas would be ignored
@@ -87,7 +87,8 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
     model = str(path)
     draft = None if a.draft is None else str(resolve_model_path(a.draft))
     engine = {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
-              "max_waiting": config.max_waiting, "scheduling": config.scheduling}
+              "max_waiting": config.max_waiting, "scheduling": config.scheduling,
+              "prefix_cache_mb": config.prefix_cache_mb}
     app = build(model, replicas=a.replicas or 1, min_replicas=a.min_replicas, max_replicas=a.max_replicas,
                 target_ongoing_requests=a.target_ongoing_requests, replica_cpus=a.replica_cpus,
                 replica_gpus=a.replica_gpus, dtype=a.dtype, device=device,
@@ -190,6 +191,9 @@ def add_parsers(sub) -> dict:
     sv.add_argument("--max-waiting", type=int, default=1024, help="queued requests before 429")
     sv.add_argument("--scheduling", default="continuous",
                     help="continuous (requests join at the next step) or static (batches drain first; a baseline)")
+    sv.add_argument("--prefix-cache-mb", type=float, default=256, metavar="MIB",
+                    help="memory for prompt K/V shared across requests (block, AR, speculative and renoising models; "
+                         "0: off; default 256)")
     sv.add_argument("--model", default=None, help=MODEL_HELP)
     sv.add_argument("--dtype", default=None, help="auto (float32 on CPU, bfloat16 on GPU), float32, bfloat16, float16")
     sv.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

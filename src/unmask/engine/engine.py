@@ -70,6 +70,9 @@ class EngineLike(Protocol):
     @property
     def num_waiting(self) -> int: ...
 
+    @property
+    def prefix_cache(self): ...
+
 
 class Engine:
     def __init__(self, model: DiffusionLM, tokens: TokenIds, config: EngineConfig | None = None, *,

@@ -101,6 +101,11 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         return self.engine.num_waiting + self._pending
 
+    @property
+    def prefix_cache(self):
+        """The engine's prompt-prefix cache (kv/prefix.py PrefixStore), or None."""
+        return self.engine.prefix_cache
+
     def close(self) -> None:
         self._closed = True
         self._wake.set()

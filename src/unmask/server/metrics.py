@@ -34,6 +34,30 @@ def prometheus(engine: AsyncEngine) -> str:
             "# TYPE unmask_spec_decode_mean_accepted_length gauge",
             f"unmask_spec_decode_mean_accepted_length {1 + m.accepted_tokens / m.drafts}",
         ]
+    pc = engine.prefix_cache
+    if pc is not None:  # prompt K/V shared across requests (vLLM's prefix_cache_queries / _hits, in tokens)
+        s = pc.stats
+        lines += [
+            "# HELP unmask_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.",
+            "# TYPE unmask_prefix_cache_queries_total counter", f"unmask_prefix_cache_queries_total {s.queries}",
+            "# HELP unmask_prefix_cache_hits_total Prompt tokens whose K/V the prefix cache gave.",
+            "# TYPE unmask_prefix_cache_hits_total counter", f"unmask_prefix_cache_hits_total {s.hits}",
+            "# HELP unmask_prefix_cache_hit_rate Hits over queries, in tokens.",
+            "# TYPE unmask_prefix_cache_hit_rate gauge",
+            f"unmask_prefix_cache_hit_rate {s.hits / s.queries if s.queries else 0.0}",
+            "# HELP unmask_prefix_cache_requests_total Requests looked up, by whether they reused a page.",
+            "# TYPE unmask_prefix_cache_requests_total counter",
+            f'unmask_prefix_cache_requests_total{{result="hit"}} {s.hit_requests}',
+            f'unmask_prefix_cache_requests_total{{result="miss"}} {s.lookups - s.hit_requests}',
+            "# HELP unmask_prefix_cache_evictions_total Pages dropped for room.",
+            "# TYPE unmask_prefix_cache_evictions_total counter", f"unmask_prefix_cache_evictions_total {s.evicted}",
+            "# HELP unmask_prefix_cache_pages Pages held.", "# TYPE unmask_prefix_cache_pages gauge",
+            f"unmask_prefix_cache_pages {pc.pages}",
+            "# HELP unmask_prefix_cache_bytes Bytes its pool holds.", "# TYPE unmask_prefix_cache_bytes gauge",
+            f"unmask_prefix_cache_bytes {pc.bytes}",
+            "# HELP unmask_prefix_cache_budget_bytes The most bytes its pool may hold.",
+            "# TYPE unmask_prefix_cache_budget_bytes gauge", f"unmask_prefix_cache_budget_bytes {pc.budget}",
+        ]
     lines += m.step_seconds.prometheus("unmask_step_seconds", "Engine step time.")
     lines += m.ttft.prometheus("unmask_time_to_first_token_seconds", "Arrival to the first committed token.")
     return "\n".join(lines) + "\n"

@@ -34,8 +34,11 @@ def usage(reqs: list, streams: list, prompt_len: int) -> dict:
     nfe = sum(r.nfe for r in reqs if r is not None)
     ends = sum(st.ends for st in streams)
     done = [r for r in reqs if r is not None]
+    # prompt tokens whose K/V came from the prefix cache, as OpenAI reports cached tokens (the
+    # prompt is counted once: the tokens every choice reused)
+    cached = min((r.cached_tokens for r in done), default=0)
     out = {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n,
-           "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
+           "prompt_tokens_details": {"cached_tokens": cached}, "nfe": nfe, "tokens_per_forward": (n + ends) / nfe if nfe else 0.0,
            "edits": _sum(done, "edits"), "remasked": _sum(done, "remasked")}
     if _sum(done, "draft_forwards"):  # speculative decoding: the drafter's side
         out |= {"draft_forwards": _sum(done, "draft_forwards"), "draft_tokens": _sum(done, "drafted"),
