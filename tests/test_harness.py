@@ -160,34 +160,43 @@ def test_diffusion_bound_prefers_valid_pairs(embedded):
 
 
 @pytest.mark.slow
-def test_lm_eval_local_completions_against_the_server_equals_the_adapter(tmp_path):
+def test_lm_eval_local_completions_against_the_server_equals_unmask_eval(tmp_path):
     """An outside client: lm-eval's own `local-completions` model (its HTTP client, request
-    shapes and retries) against a running `unmask serve` on the held-out copy task gives, sample
-    for sample, what the in-process adapter gives (greedy; max_gen_toks = the embedded model's
-    canvas of 24: the server's max_tokens is the canvas length)."""
+    shapes and retries) against a running `unmask serve`, on three of the embedded tasks (copy,
+    sort, json; 12 examples each, the first of the selection split, as `unmask eval` takes them),
+    gives, sample for sample, the answers `unmask eval` gives and the same exact-match accuracy,
+    and what the in-process adapter gives (greedy; max_gen_toks = the embedded model's canvas of
+    24: the server's max_tokens is the canvas length)."""
     pytest.importorskip("tenacity")  # lm-eval's [api] extra
     import lm_eval.models  # noqa: F401  (registers lm-eval's own models, local-completions among them)
     from test_server import Server
 
-    from unmask.tasks import held_out
+    from unmask.evaluate import examples_of, run_task
 
-    data = tmp_path / "copy.jsonl"
-    data.write_text("".join(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n"
-                            for ex in held_out("copy", 16)))
-    (tmp_path / "copy_unmask.yaml").write_text(
-        COPY_YAML.format(test=data).replace("  do_sample: false", "  do_sample: false\n  max_gen_toks: 24"))
+    tasks, n = ("copy", "sort", "json"), 12
+    for task in tasks:
+        data = tmp_path / f"{task}.jsonl"
+        data.write_text("".join(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n"
+                                for ex in examples_of(task, n)))
+        (tmp_path / f"{task}_unmask.yaml").write_text(
+            COPY_YAML.format(test=data).replace("copy_unmask", f"{task}_unmask")
+            .replace("  do_sample: false", "  do_sample: false\n  max_gen_toks: 24"))
+    names = [f"{t}_unmask" for t in tasks]
     manager = TaskManager(include_path=str(tmp_path))
     local = harness.UnmaskLM(model="default", batch_size=8)
-    mine = simple_evaluate(model=local, tasks=["copy_unmask"], task_manager=manager, log_samples=True)
+    mine = simple_evaluate(model=local, tasks=names, task_manager=manager, log_samples=True)
     s = Server(local.llm, served_model_name="default")
     try:
-        theirs = simple_evaluate(model="local-completions", task_manager=manager, tasks=["copy_unmask"],
+        theirs = simple_evaluate(model="local-completions", task_manager=manager, tasks=names,
                                  model_args=f"model=default,base_url={s.url}/v1/completions,tokenizer_backend=None,"
                                             "tokenized_requests=False,num_concurrent=2,max_retries=1",
                                  log_samples=True)
     finally:
         s.stop()
-    resps = lambda res: [smp["resps"] for smp in res["samples"]["copy_unmask"]]  # noqa: E731
-    assert resps(theirs) == resps(mine)
-    assert theirs["results"]["copy_unmask"]["exact_match,none"] == mine["results"]["copy_unmask"]["exact_match,none"]
-    assert mine["results"]["copy_unmask"]["exact_match,none"] >= 14 / 16
+    for task, name in zip(tasks, names):
+        resps = lambda res: [smp["resps"][0][0] for smp in sorted(res["samples"][name], key=lambda x: x["doc_id"])]  # noqa: E731
+        ours = run_task(local.llm, task, n, local.llm.default_params(), 8, keep_samples=n)
+        assert resps(theirs) == resps(mine) == [x["output"] for x in ours.samples], task
+        accuracy = theirs["results"][name]["exact_match,none"]
+        assert accuracy == mine["results"][name]["exact_match,none"] == sum(ours.flags) / n, task
+        assert accuracy >= 0.75, task
