@@ -20,9 +20,10 @@ GSM8K prompt) followed by its own held-out question; modes name a model kind, a 
 whether the prefix cache is on, e.g. `block`, `block-nocache`, `block-static`, `ar`,
 `ar-nocache`. With `--shape 25m` the block model and the AR twin are random-weight checkpoints of
 the 25 M shape (8 layers, d 512, 8 heads, ff 1376; the embedded models' tokenizer and layout),
-written under --out, so that the forwards, not HTTP, dominate; their requests decode a fixed
-`--gen` tokens past any end of text (`ignore_eos`) so that every mode does the same work, and
-each answer is compared across modes (the prefix cache must not change one token).
+written under --checkpoints, so that the forwards, not HTTP, dominate; their requests decode
+`--gen` tokens (a list: each request draws one) past any end of text (`ignore_eos`) so that every
+mode does the same work, and each answer is compared across modes (the prefix cache must not
+change one token).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/serve_load.py --workload fewshot --shape 25m \
         --modes block,block-nocache,block-static,ar,ar-nocache --rates 1,2,4 --out benchmarks/results/serve_fewshot
@@ -127,8 +128,10 @@ def fewshot_prompts(n_prefixes: int, prefix_tokens: int, seed: int) -> tuple[lis
     return prefixes, [ex.prompt for ex in split_examples("word", "report", 200)]
 
 
-def fewshot_trace(rate: float, n: int, max_seconds: float, seed: int, prefixes, questions) -> list[tuple[float, str]]:
-    """Poisson arrivals, each a shared prefix (the first twice as often as each other) and a question."""
+def fewshot_trace(rate: float, n: int, max_seconds: float, seed: int, prefixes, questions,
+                  gens: list[int]) -> list[tuple[float, str, int]]:
+    """Poisson arrivals, each a shared prefix (the first twice as often as each other), a question
+    and the tokens it decodes (one of `gens`, uniformly)."""
     rng = random.Random(seed)
     weights = [2.0] + [1.0] * (len(prefixes) - 1)
     out, t = [], 0.0
@@ -136,7 +139,7 @@ def fewshot_trace(rate: float, n: int, max_seconds: float, seed: int, prefixes, 
         t += rng.expovariate(rate)
         if t > max_seconds:
             break
-        out.append((t, f"{rng.choices(prefixes, weights)[0]} {rng.choice(questions)}"))
+        out.append((t, f"{rng.choices(prefixes, weights)[0]} {rng.choice(questions)}", rng.choice(gens)))
     return out
 
 
@@ -216,10 +219,12 @@ async def one(client, url: str, t0: float, at: float, prompt: str, body: dict) -
 
 
 async def run_trace(url: str, arrivals, body: dict) -> tuple[list[dict], float]:
+    """Send each arrival (time, prompt, and optionally its own body fields) at its time."""
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(one(client, url, t0, at, p, body) for at, p in arrivals))
+        results = await asyncio.gather(*(one(client, url, t0, at, p, {**body, **(own[0] if own else {})})
+                                         for at, p, *own in arrivals))
         return results, time.perf_counter() - t0
 
 
@@ -318,20 +323,24 @@ def run_fewshot(a, out: Path) -> None:
     else:
         models = {"block": "default-block", "ar": "default-ar"}
     prefixes, questions = fewshot_prompts(a.prefixes, a.prefix_tokens, a.seed)
-    stream = {"stream_options": {"include_usage": True}, "max_tokens": a.gen, "ignore_eos": True}
-    bodies = {"block": {**stream, "policy": "fixed", "steps": a.gen // 2, "block_length": 8}, "ar": stream}
+    stream = {"stream_options": {"include_usage": True}, "ignore_eos": True}
+    bodies = {"block": {**stream, "policy": "fixed", "block_length": 8}, "ar": stream}
+    gens = [int(g) for g in a.gen.split(",")]
+    # each request's length: a fixed schedule of two tokens per forward on the block model
+    own = {"block": lambda g: {"max_tokens": g, "steps": g // 2}, "ar": lambda g: {"max_tokens": g}}
     rates = [float(r) for r in a.rates.split(",")]
     results, texts = {}, {}
     for mode in a.modes.split(","):
         m = parse_mode(mode)
         server = ServerProcess(a, m["scheduling"], models[m["kind"]], None, m["prefix_cache_mb"])
         try:
-            warm = [(0.0, f"{p} {questions[0]}") for p in prefixes]
+            warm = [(0.0, f"{p} {questions[0]}", own[m["kind"]](gens[0])) for p in prefixes]
             for arrival in warm:
                 asyncio.run(run_trace(server.url, [arrival], bodies[m["kind"]]))
             results[mode], texts[mode] = [], []
             for i, rate in enumerate(rates):
-                arrivals = fewshot_trace(rate, a.requests, a.max_seconds, a.seed + i, prefixes, questions)
+                arrivals = [(t, p, own[m["kind"]](g)) for t, p, g in
+                            fewshot_trace(rate, a.requests, a.max_seconds, a.seed + i, prefixes, questions, gens)]
                 rows, seconds = asyncio.run(run_trace(server.url, arrivals, bodies[m["kind"]]))
                 s = summarise(rows, seconds, rate, a.slo_ttft, a.slo_e2e)
                 results[mode].append(s)
@@ -373,7 +382,7 @@ def main() -> None:
     ap.add_argument("--checkpoints", default="/tmp/unmask-serve-25m", help="fewshot --shape 25m: where to write them")
     ap.add_argument("--prefixes", type=int, default=4, help="fewshot: distinct shared prefixes")
     ap.add_argument("--prefix-tokens", type=int, default=1000, help="fewshot: words in each shared prefix")
-    ap.add_argument("--gen", type=int, default=32, help="fewshot: tokens each request decodes")
+    ap.add_argument("--gen", default="32", help="fewshot: tokens each request decodes (a list: drawn uniformly)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -679,3 +679,56 @@ def test_a_template_stream_skips_each_hole_after_its_end_of_text(llm):
     sent = st.add([red, eos]) + st.add([eos, eos, owl]) + st.add([sun, sun]) + st.add([eos])
     assert sent + st.flush() == "red owl sun sun" == st.text
     assert st.hole_texts() == ["red", "sun sun"] and st.ends == 2 and st.ids == [red, sun, sun]
+
+
+def _joined(chunks, n):
+    """Streamed choices joined: each choice's text and its logprob entries."""
+    texts, lps = [""] * n, [[] for _ in range(n)]
+    for ch in chunks:
+        for c in ch.choices:
+            piece = c.text if hasattr(c, "text") else (c.delta.content or "")
+            texts[c.index] += piece
+            if c.logprobs is not None:
+                lps[c.index] += c.logprobs.tokens if hasattr(c.logprobs, "tokens") else [e.token for e in c.logprobs.content]
+    return texts, lps
+
+
+def test_every_supported_field_through_the_openai_client(llm, client):
+    """The openai client's streamed and whole paths, completions and chat, with every OpenAI
+    field unmask serves set at once (sampling with a seed, n, stop, logprobs, the length, the
+    accepted no-op fields, stream_options; a suffix on completions, response_format on chat):
+    streamed equals whole, each choice equals LLM.generate with seed + its index, and usage
+    counts what was sent."""
+    common = dict(model="default", temperature=0.8, top_p=0.95, seed=11, n=2, stop=["zzz"], user="u-1",
+                  frequency_penalty=0, presence_penalty=0)
+    prompt = "copy : red 4 owl"
+    comp = dict(common, prompt=prompt, max_tokens=12, logprobs=2, echo=False, suffix=" red")
+    whole = client.completions.create(**comp)
+    chunks = list(client.completions.create(**comp, stream=True, stream_options={"include_usage": True}))
+    texts, lps = _joined(chunks, 2)
+    assert texts == [c.text for c in whole.choices]
+    assert lps == [c.logprobs.tokens for c in whole.choices]
+    for c in whole.choices:
+        want = llm.generate([prompt], llm.default_params(temperature=0.8, top_p=0.95, seed=11 + c.index, gen_length=12),
+                            chat=False, suffix=" red").results[0].text
+        assert c.text == want and "".join(c.logprobs.tokens) == c.text
+        assert all(len(top) <= 3 for top in c.logprobs.top_logprobs)  # the chosen token beside the 2 most likely
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.usage.prompt_tokens == len(llm.encode(prompt + " red", chat=False)[0])
+    messages = [{"role": "system", "content": "json"}, {"role": "user", "content": "json : name bob age 3 4 city rome"}]
+    chat = dict(common, messages=messages, max_completion_tokens=24, logprobs=True, top_logprobs=2,
+                response_format={"type": "json_object"})
+    whole = client.chat.completions.create(**chat)
+    chunks = list(client.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True}))
+    texts, lps = _joined(chunks, 2)
+    assert texts == [c.message.content for c in whole.choices]
+    assert lps == [[e.token for e in c.logprobs.content] for c in whole.choices]
+    from unmask.constrain import Constraint
+    for c in whole.choices:
+        assert c.message.content.startswith("{") and c.message.content.endswith("}")
+        want = llm.generate([messages[-1]["content"]], llm.default_params(temperature=0.8, top_p=0.95,
+                            seed=11 + c.index, gen_length=24), chat=False,
+                            constraint=Constraint.json_schema({"type": "object"})).results[0].text
+        assert c.message.content == want
+        assert all(len(e.top_logprobs) == 2 for e in c.logprobs.content)
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
