@@ -111,7 +111,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The conversation rendered by the checkpoint's template (`tools`: the functions a
+        request offers, for templates that describe them; None renders none, as transformers)."""
         if self.chat_template is None:
             raise CheckpointError("this tokenizer has no chat template")
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -122,7 +125,8 @@ class Tokenizer:
                                                     extensions=["jinja2.ext.loopcontrols"])
                 env.globals["raise_exception"] = _raise
                 self._template = env.from_string(self.chat_template)
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **specials)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                         **specials)
         except jinja2.exceptions.TemplateError as e:
             raise CheckpointError(f"the checkpoint's chat template failed: {e}") from None
 

@@ -105,7 +105,12 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     async def chat(body: ChatRequest, request: Request):
         check_model(body.model, served_model_name)
         for i, m in enumerate(body.messages):
-            check_text(m.content, specials, f"messages.{i}.content")
+            try:
+                m.check(i)
+            except UnmaskError as e:
+                raise APIError(400, str(e), param=e.param) from None
+            if m.content is not None:
+                check_text(m.content, specials, f"messages.{i}.content")
         return await _complete(state["engine"], llm, body, _chat_ids(llm, body), request, "chat", served_model_name)
 
     return app
@@ -115,16 +120,21 @@ async def _complete(engine: AsyncEngine, llm: LLM, body, ids: list[int], request
     params = params_for(llm, body, ids)
     top = logprobs_for(llm, body)
     grammar = await grammar_for(engine, body, params, {})
+    call = body.forced_call() if kind == "chat" else None
     return await Completion(engine, llm, body, ids, params, request, kind, model,
-                            None if grammar is None else {"constraint": grammar}, logprobs=top).respond()
+                            None if grammar is None else {"constraint": grammar}, logprobs=top, call=call).respond()
 
 
 def _chat_ids(llm: LLM, body: ChatRequest) -> list[int]:
-    llm.tokenizer.check_length("".join(m.content for m in body.messages), llm.arch.max_positions, "messages")
-    messages = [{"role": m.role, "content": m.content} for m in body.messages]
+    """The conversation as prompt ids: through the chat template (with the tools, as templates
+    that describe them take them), else the last user message."""
+    llm.tokenizer.check_length("".join(m.content or "" for m in body.messages), llm.arch.max_positions, "messages")
+    messages = [m.for_template() for m in body.messages]
     if llm.tokenizer.chat_template is not None:
+        tools = None if not body.tools or body.tool_choice == "none" else [t.model_dump(exclude_none=True)
+                                                                         for t in body.tools]
         try:
-            text = llm.tokenizer.apply_chat_template(messages)
+            text = llm.tokenizer.apply_chat_template(messages, tools=tools)
         except UnmaskError as e:
             raise APIError(400, str(e)) from None
         return llm.tokenizer.encode(text, add_special_tokens=False)

@@ -8,6 +8,7 @@ stream_options.include_usage). An error after the stream started is sent as an e
 before the stream closes; a client that disconnects aborts its requests."""
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import replace
@@ -27,17 +28,22 @@ from unmask.server.text import TextStream
 class Completion:
     def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
                  request: Request, kind: str, model: str, holes: dict | None = None, template=None,
-                 logprobs: int | None = None) -> None:
+                 logprobs: int | None = None, call=None) -> None:
         """`holes`: what the engine takes besides the prompt (Engine.add_request): infilling's
         suffix and fill, structured output's grammar state (`constraint`); `template`
         (unmask.holes.Template): each choice then also carries its holes' texts; `logprobs`:
-        None, or the most likely tokens to report beside each chosen one."""
+        None, or the most likely tokens to report beside each chosen one; `call`
+        (server/protocol.py ForcedCall): each chat choice is that tool call, its output the
+        call's arguments (a named function) or the function's name and arguments ("required"),
+        held to their schema by the constraint in `holes`."""
         self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
         self.holes, self.template = holes or {}, template
         self.top = logprobs
         if logprobs is not None:
             self.holes = {**self.holes, "logprobs": logprobs}
         self.offsets = [0] * body.n  # each choice's characters whose logprobs went out (text_offset)
+        self.call = call
+        self.call_ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in range(body.n)] if call is not None else []
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
@@ -111,7 +117,20 @@ class Completion:
         if self.template is not None:  # every hole ended with an end of text
             return "stop" if self.streams[i].ends == len(self.template.holes) else "length"
         r = self.streams[i].finish_reason or (self.reqs[i].finish_reason if self.reqs[i] is not None else None)
+        if r == "stop" and self.call is not None:
+            return "tool_calls"
         return "stop" if r == "stop" else "length"
+
+    def tool_call(self, i: int) -> dict:
+        """Choice i's tool call from its whole output (OpenAI's shape)."""
+        text = self.streams[i].text
+        if self.call.name is not None:  # the output is the named function's arguments
+            return openai.tool_call(self.call_ids[i], self.call.name, text)
+        try:  # "required": {"name": ..., "arguments": ...}, held to that shape by the grammar
+            got = json.loads(text)
+            return openai.tool_call(self.call_ids[i], got["name"], json.dumps(got["arguments"]))
+        except (ValueError, KeyError, TypeError):  # cut at max_tokens before the grammar finished
+            return openai.tool_call(self.call_ids[i], "", text)
 
     def cleanup(self) -> None:
         for i, name in enumerate(self.names):
@@ -133,20 +152,36 @@ class Completion:
     def _chunk(self, i: int, delta: str | None, finish: str | None, first: bool = False, lps=None) -> dict:
         return openai.chunk(self.kind, self.rid, self.created, self.model, i, delta, finish, first, lps)
 
+    def _delta(self, i: int, text: str, first: bool):
+        """What a chat choice's chunk carries for its next `text`: the text, or with a forced
+        call its arguments (a named function: as they grow; "required": the whole call once
+        its output is done, since its name comes first inside it)."""
+        if self.call is None:
+            return text
+        if self.call.name is None:
+            if not self.done[i]:
+                return ""
+            c = self.tool_call(i)
+            return openai.tool_delta(self.call_ids[i], c["function"]["name"], c["function"]["arguments"])
+        return openai.tool_delta(self.call_ids[i] if first else None, self.call.name, text)
+
     async def events(self):
         first = [True] * self.n
         try:
             async for i, out in self.updates():
                 delta = self.step(i, out)
+                if self.call is not None and self.call.name is None:  # "required": nothing until it is whole
+                    delta = ""
                 lps = self._logprobs(i)
                 if delta or (lps is not None and lps.get("content", lps.get("tokens"))):
-                    yield sse(self._chunk(i, delta, None, first[i], lps))
+                    yield sse(self._chunk(i, self._delta(i, delta, first[i]), None, first[i], lps))
                     first[i] = False
                 if self.done[i]:
                     tail = self.streams[i].flush()
                     lps = self._logprobs(i)
-                    if tail or first[i] or (lps is not None and lps.get("content", lps.get("tokens"))):
-                        yield sse(self._chunk(i, tail, None, first[i], lps))
+                    whole_call = self.call is not None and self.call.name is None
+                    if tail or first[i] or whole_call or (lps is not None and lps.get("content", lps.get("tokens"))):
+                        yield sse(self._chunk(i, self._delta(i, tail, first[i]), None, first[i], lps))
                     last = self._chunk(i, None, self.reason(i))
                     if self.template is not None:  # unmask's: each hole's text, with the finish
                         last["choices"][0]["holes"] = self.streams[i].hole_texts()
@@ -172,8 +207,10 @@ class Completion:
         for st in self.streams:
             st.flush()
         use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
+        calls = [self.tool_call(i) for i in range(self.n)] if self.call is not None else None
         out = openai.response(self.kind, self.rid, self.created, self.model, [st.text for st in self.streams],
-                              [self.reason(i) for i in range(self.n)], use, [self._logprobs(i) for i in range(self.n)])
+                              [self.reason(i) for i in range(self.n)], use, [self._logprobs(i) for i in range(self.n)],
+                              calls)
         if self.template is not None:  # unmask's: each hole's text
             for choice, st in zip(out["choices"], self.streams):
                 choice["holes"] = st.hole_texts()

@@ -68,12 +68,27 @@ def logprobs(kind: str, entries: list | None, offset: int = 0) -> dict | None:
             "text_offset": offsets}
 
 
-def chunk(kind: str, rid: str, created: int, model: str, i: int, delta: str | None, finish: str | None,
+def tool_call(call_id: str, name: str, arguments: str) -> dict:
+    """One tool call of an assistant message (OpenAI's shape: the arguments as JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_delta(call_id: str | None, name: str | None, arguments: str) -> dict:
+    """A streamed piece of the one tool call a chat choice makes: its first carries the call's
+    id, type and name; every piece the next characters of its arguments."""
+    piece: dict = {"index": 0, "function": {"arguments": arguments}}
+    if call_id is not None:
+        piece = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"tool_calls": [piece]}
+
+
+def chunk(kind: str, rid: str, created: int, model: str, i: int, delta: str | dict | None, finish: str | None,
           first: bool = False, lps: dict | None = None) -> dict:
-    """One streamed choice update: a chat.completion.chunk or a text_completion chunk (`lps`: the
-    logprobs of the tokens it carries, `logprobs`' shape)."""
+    """One streamed choice update: a chat.completion.chunk or a text_completion chunk (`delta`:
+    text, or a chat delta's fields such as `tool_delta`'s; `lps`: the logprobs of the tokens it
+    carries, `logprobs`' shape)."""
     if kind == "chat":
-        d = {"content": delta} if delta is not None else {}
+        d = delta if isinstance(delta, dict) else {"content": delta} if delta is not None else {}
         if first:
             d = {"role": "assistant", **d}
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -88,12 +103,16 @@ def usage_chunk(kind: str, rid: str, created: int, model: str, use: dict) -> dic
 
 
 def response(kind: str, rid: str, created: int, model: str, texts: list[str], reasons: list[str], use: dict,
-             lps: list | None = None) -> dict:
-    """The whole (non-streamed) response with one choice per text (`lps`: each choice's logprobs)."""
+             lps: list | None = None, calls: list | None = None) -> dict:
+    """The whole (non-streamed) response with one choice per text (`lps`: each choice's logprobs;
+    `calls`: each chat choice's tool call (`tool_call`), its message's content then null)."""
     lps = lps or [None] * len(texts)
     if kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp, "finish_reason": r}
-                   for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
+        calls = calls or [None] * len(texts)
+        msg = lambda t, c: ({"role": "assistant", "content": t} if c is None  # noqa: E731
+                            else {"role": "assistant", "content": None, "tool_calls": [c]})
+        choices = [{"index": i, "message": msg(t, c), "logprobs": lp, "finish_reason": r}
+                   for i, (t, r, lp, c) in enumerate(zip(texts, reasons, lps, calls))]
         return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
                 "usage": use}
     choices = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}

@@ -5,6 +5,8 @@ Unknown fields are refused (400) rather than ignored, so a misspelt knob never s
 nothing, and types are strict (a string is not a boolean, a boolean not a number); the OpenAI fields that unmask accepts but cannot honour are listed with the values it
 takes (e.g. `echo` only false)."""
 
+import json
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -148,17 +150,144 @@ class CompletionRequest(_Common):
         return self.logprobs
 
 
+class ToolCallFunction(BaseModel):
+    model_config = STRICT
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (a conversation sent back with the tool's result)."""
+    model_config = STRICT
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None  # None only in an assistant message that made tool calls
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call they answer
+
+    def check(self, i: int) -> None:
+        where = f"messages.{i}"
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise UnmaskError(f"{where}.content is required (only an assistant message with tool_calls may omit it)",
+                              param=f"{where}.content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise UnmaskError(f"{where}.tool_calls: only an assistant message makes tool calls", param=f"{where}.tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise UnmaskError(f"{where}: a tool message needs tool_call_id, and only a tool message has one",
+                              param=f"{where}.tool_call_id")
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (a call's JSON arguments as an object, as
+        templates that write `arguments | tojson` expect)."""
+        out = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        return out
+
+
+def _arguments(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class FunctionSpec(BaseModel):
+    model_config = STRICT
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of the arguments (none: any JSON object)
+    strict: bool | None = None  # unmask always holds a forced call's arguments to `parameters`
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ToolName(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: ToolName
+
+
+@dataclass(frozen=True)
+class ForcedCall:
+    """A tool call the request forces: `name` (a named function; None for "required", where the
+    output names its function), and the constraint its output is held to."""
+
+    name: str | None
+    constraint: Constraint
 
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=TOP_LOGPROBS)
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # a forced call is one call
+
+    def forced_call(self) -> ForcedCall | None:
+        """The tool call this request forces (tool_choice "required" or a named function: the
+        output is held to the arguments' schema, structured output's way), or None (no tools, or
+        tool_choice "none"). "auto" is refused by name: choosing between text and a call needs a
+        parser of the model's own tool-call format."""
+        choice, tools = self.tool_choice, self.tools
+        if not tools:
+            if choice not in (None, "none"):
+                raise UnmaskError("tool_choice needs tools", param="tool_choice")
+            return None
+        names = [t.function.name for t in tools]
+        if len(set(names)) != len(names):
+            raise UnmaskError(f"tools: function names must be distinct ({', '.join(names)})", param="tools")
+        if choice == "none":
+            return None
+        if choice in (None, "auto"):
+            raise UnmaskError("tool_choice 'auto' (the default when tools are given) lets the model choose between "
+                              "text and a tool call, which needs a parser of this model's own tool-call format; "
+                              "unmask has none: give tool_choice 'required' or {'type': 'function', 'function': "
+                              "{'name': ...}} (the call's arguments are then held to the function's parameters), "
+                              "or 'none'", param="tool_choice")
+        schema = {t.function.name: t.function.parameters or {"type": "object"} for t in tools}
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            if name not in schema:
+                raise UnmaskError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+                                  param="tool_choice")
+            return ForcedCall(name, Constraint.json_schema(schema[name]))
+        calls = [{"type": "object", "properties": {"name": {"const": n}, "arguments": s},
+                  "required": ["name", "arguments"], "additionalProperties": False} for n, s in schema.items()]
+        return ForcedCall(None, Constraint.json_schema(calls[0] if len(calls) == 1 else {"anyOf": calls}))
+
+    def constraint(self) -> Constraint | None:
+        call = self.forced_call()
+        if call is None:
+            return super().constraint()
+        rf = self.response_format
+        if self.structured_outputs is not None or (rf is not None and rf.type != "text"):
+            raise UnmaskError("give a forced tool call or structured output (response_format, structured_outputs), "
+                              "not both", param="tool_choice")
+        return call.constraint
 
     def logprob_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
