@@ -89,6 +89,29 @@ def _decode(llm, prompts, params, config, stagger=0):
     return reqs, engine
 
 
+def _agree_with_uncached(llm, ids, params, page: int) -> list:
+    """Decode `ids` without the prefix cache (one at a time), then with it one at a time, joining
+    a running batch every other step, and every step under a budget of 2.5 pages of `page` bytes
+    (evictions while requests run): every canvas equals the uncached one, the cache's hits are
+    the requests' cached tokens, most requests reuse, and each reused token is a position the
+    forwards do not compute again. Returns each run's (requests, engine)."""
+    plain, uncached = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)
+    want = [q.canvas for q in plain]
+    runs = []
+    for stagger, mb in [(None, 256), (2, 256), (1, 2.5 * page / 2**20)]:
+        reqs, engine = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=mb), stagger)
+        assert [q.canvas for q in reqs] == want, (stagger, mb)
+        stats = engine.prefix_cache.stats
+        assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
+        assert sum(q.cached_tokens > 0 for q in reqs) >= len(reqs) // 2
+        if stagger is None:
+            assert _computed(uncached) - _computed(engine) >= stats.hits
+        if mb < 1:
+            assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
+        runs.append((reqs, engine))
+    return runs
+
+
 @pytest.mark.parametrize("fixture", ["embedded_ar", "embedded_block"])
 def test_reused_prefixes_write_what_uncached_requests_write(request, fixture):
     """Sequential, staggered (requests joining a running batch) and under a budget of a few
@@ -100,23 +123,10 @@ def test_reused_prefixes_write_what_uncached_requests_write(request, fixture):
     prompts = [f"{SHARED if rng.random() < 0.7 else OTHER} copy : {t}" for t in TAILS * 2]
     ids = llm.encode(prompts, chat=False)
     params = llm.default_params(gen_length=16)
-    plain, uncached = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)
-    want = [q.canvas for q in plain]
     arch = llm.model.config
     page = (arch.block_size or 16) * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4  # bytes
-    for stagger, mb in [(None, 256), (2, 256), (1, 2.5 * page / 2**20)]:  # the last: room for 2 pages
-        reqs, engine = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=mb), stagger)
-        assert [q.canvas for q in reqs] == want, (stagger, mb)
-        stats = engine.prefix_cache.stats
-        assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
-        assert sum(q.cached_tokens > 0 for q in reqs) >= len(reqs) // 2
-        if stagger is None:  # each reused token is a position not computed again
-            assert _computed(uncached) - _computed(engine) >= stats.hits
-        if mb < 1:
-            assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
-        fulls = sum(r.kind == "full" for r in engine.trace)
-        if stagger is None:  # one prefill per request that reused nothing
-            assert fulls == sum(q.cached_tokens == 0 for q in reqs)
+    reqs, engine = _agree_with_uncached(llm, ids, params, page)[0]
+    assert sum(r.kind == "full" for r in engine.trace) == sum(q.cached_tokens == 0 for q in reqs)  # a prefill per miss
 
 
 def test_full_attention_rows_never_reuse(embedded):
@@ -144,20 +154,9 @@ def test_speculative_rows_reuse_both_caches(embedded_ar):
     prompts = [f"{SHARED if rng.random() < 0.7 else OTHER} copy : {t}" for t in TAILS * 2]
     ids = llm.encode(prompts, chat=False)
     params = llm.default_params(gen_length=16)
-    plain, uncached = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=0), None)
-    want = [q.canvas for q in plain]
     arch, d = llm.model.config, llm.drafter.config
     page = 16 * 2 * 4 * (arch.num_layers * arch.num_kv_heads * arch.head_dim + d.num_layers * d.num_kv_heads * d.head_dim)
-    for stagger, mb in [(None, 256), (2, 256), (1, 2.5 * page / 2**20)]:
-        reqs, engine = _decode(llm, ids, params, EngineConfig(prefix_cache_mb=mb), stagger)
-        assert [q.canvas for q in reqs] == want, (stagger, mb)
-        stats = engine.prefix_cache.stats
-        assert stats.hits == sum(q.cached_tokens for q in reqs) > 0
-        assert sum(q.cached_tokens > 0 for q in reqs) >= len(reqs) // 2
-        if stagger is None:  # each reused token is a position not computed again
-            assert _computed(uncached) - _computed(engine) >= stats.hits
-        if mb < 1:
-            assert stats.evicted > 0 and engine.prefix_cache.bytes <= mb * 2**20
+    _agree_with_uncached(llm, ids, params, page)
 
 
 def test_renoising_rows_reuse_the_encoders_prompt(tmp_path):
