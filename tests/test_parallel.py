@@ -305,3 +305,28 @@ def test_cli_and_torchrun_launches(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                 str(_free_port()), "-m", "unmask", *base, "--tensor-parallel", "2"]
     assert text(torchrun) == one
+
+
+def test_prefix_cache_in_lockstep():
+    """The AR twin at N = 2 with its prefix cache: requests sharing a prompt prefix, joining a
+    running batch, reuse it on every rank (each rank's pool holds its own heads' pages and makes
+    the same decisions) and write what one rank writes without the cache."""
+    from unmask.engine import EngineConfig
+
+    shared = "copy : red 4 owl json : name bob age 3 4 city rome sort : 7 4 0 9 pick hand red cat sun :"
+    prompts = [f"{shared} copy : {t}" for t in ("red 4 owl", "blue cat", "sun 3 9", "7 4 0 9")]
+    one = LLM("default-ar")
+    ids = one.encode(prompts, chat=False)
+    alone = [one.generate([p], {"gen_length": 12}).results[0].token_ids for p in ids]
+    with LLM("default-ar", tensor_parallel=2) as two:
+        eng = two.engine(EngineConfig(max_num_seqs=4, prefix_cache_mb=64))
+        p = two.default_params(gen_length=12)
+        reqs = [eng.add_request(ids[0], p)]
+        eng.step()
+        eng.step()
+        reqs += [eng.add_request(q, p) for q in ids[1:]]
+        while eng.has_unfinished():
+            eng.step()
+        got = [two.result_of(r.canvas, r.nfe, r.commits, 0.0).token_ids for r in reqs]
+        assert got == alone
+        assert all(r.cached_tokens > 0 for r in reqs[1:]) and eng.prefix_cache.stats.hits > 0
