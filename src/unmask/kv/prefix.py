@@ -131,7 +131,7 @@ class PrefixStore:
                 continue
             if entry is not None or i * self.page < offset:  # a hash collision, or K/V not at hand
                 break
-            slot = self._slot(mine)
+            slot = self._slot(mine, len(chain) - i)
             if slot is None:
                 break
             self.table[key] = (slot, parent, page)
@@ -158,14 +158,15 @@ class PrefixStore:
         self.pools = {name: [u.new_zeros(0, u.shape[1], self.page, u.shape[3]) for u in layers]
                       for name, layers in fields.items()}
 
-    def _slot(self, keep: set) -> int | None:
-        """A free slot: an unused one, a new one (the pool grows by half, within the budget), or
-        the least recently used page's (never one of `keep`, the chain being written)."""
+    def _slot(self, keep: set, want: int = 1) -> int | None:
+        """A free slot: an unused one, a new one (the pool grows by half, or by the `want` pages
+        the chain being written still needs, within the budget), or the least recently used
+        page's (never one of `keep`, the chain being written)."""
         if self.free:
             return self.free.pop()
         have = next(iter(self.pools.values()))[0].shape[0]
         if have < self.capacity:
-            grow = min(max(have // 2, 16), self.capacity - have)
+            grow = min(max(have // 2, 16, want), self.capacity - have)
             for name, layers in self.pools.items():
                 self.pools[name] = [torch.cat([u, u.new_zeros(grow, *u.shape[1:])]) for u in layers]
             self.free = list(range(have + grow - 1, have, -1))
