@@ -166,7 +166,9 @@ def test_lm_eval_local_completions_against_the_server_equals_unmask_eval(tmp_pat
     sort, json; 12 examples each, the first of the selection split, as `unmask eval` takes them),
     gives, sample for sample, the answers `unmask eval` gives and the same exact-match accuracy,
     and what the in-process adapter gives (greedy; max_gen_toks = the embedded model's canvas of
-    24: the server's max_tokens is the canvas length)."""
+    24: the server's max_tokens is the canvas length). `unmask eval` and the adapter run the
+    reference setting (one token per step, no cache); the task's generation_kwargs carry it to
+    the server as extra fields (lm-eval sends them in the request body)."""
     pytest.importorskip("tenacity")  # lm-eval's [api] extra
     import lm_eval.models  # noqa: F401  (registers lm-eval's own models, local-completions among them)
     from test_server import Server
@@ -180,7 +182,8 @@ def test_lm_eval_local_completions_against_the_server_equals_unmask_eval(tmp_pat
                                 for ex in examples_of(task, n)))
         (tmp_path / f"{task}_unmask.yaml").write_text(
             COPY_YAML.format(test=data).replace("copy_unmask", f"{task}_unmask")
-            .replace("  do_sample: false", "  do_sample: false\n  max_gen_toks: 24"))
+            .replace("  do_sample: false", "  do_sample: false\n  max_gen_toks: 24\n  policy: fixed\n"
+                                              "  cache: none\n  steps: 24\n  block_length: 24"))
     names = [f"{t}_unmask" for t in tasks]
     manager = TaskManager(include_path=str(tmp_path))
     local = harness.UnmaskLM(model="default", batch_size=8)
@@ -195,7 +198,7 @@ def test_lm_eval_local_completions_against_the_server_equals_unmask_eval(tmp_pat
         s.stop()
     for task, name in zip(tasks, names):
         resps = lambda res: [smp["resps"][0][0] for smp in sorted(res["samples"][name], key=lambda x: x["doc_id"])]  # noqa: E731
-        ours = run_task(local.llm, task, n, local.llm.default_params(), 8, keep_samples=n)
+        ours = run_task(local.llm, task, n, local.llm.params_for({}, fast=False), 8, keep_samples=n)  # unmask eval's
         assert resps(theirs) == resps(mine) == [x["output"] for x in ours.samples], task
         accuracy = theirs["results"][name]["exact_match,none"]
         assert accuracy == mine["results"][name]["exact_match,none"] == sum(ours.flags) / n, task
