@@ -1,6 +1,7 @@
 """`unmask serve`: an OpenAI-compatible HTTP server over the request-level engine.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
+POST /v1/responses (OpenAI's Responses API for text: a chat completion answered as a response),
 GET /metrics (Prometheus text), and the playground: GET / (a page) with its per-step event stream
 POST /playground/stream. Requests are batched continuously by the engine; streams send the
 committed prefix (completion.py). Errors use OpenAI's shape: 400 for bad parameters or malformed
@@ -26,9 +27,10 @@ from unmask.server.async_engine import AsyncEngine
 from unmask.server.completion import Completion
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
-from unmask.server.protocol import ChatRequest, CompletionRequest
+from unmask.server.protocol import ChatRequest, CompletionRequest, ResponsesRequest
 from unmask.server.requests import (check_model, check_text, encode, grammar_for, infill, logprobs_for, params_for,
                                     special_strings)
+from unmask.server.responses import Response
 from unmask.server.text import TextStream
 
 __all__ = ["build_app", "APIError", "TextStream"]
@@ -112,6 +114,21 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
             if m.content is not None:
                 check_text(m.content, specials, f"messages.{i}.content")
         return await _complete(state["engine"], llm, body, _chat_ids(llm, body), request, "chat", served_model_name)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        check_model(body.model, served_model_name)
+        try:
+            chat = body.as_chat()
+        except UnmaskError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        for i, m in enumerate(chat.messages):
+            check_text(m.content, specials, f"input.{i}")
+        ids = _chat_ids(llm, chat)
+        params = params_for(llm, chat, ids)
+        grammar = await grammar_for(state["engine"], chat, params, {})
+        return await Response(state["engine"], llm, chat, ids, params, request, "chat", served_model_name,
+                              None if grammar is None else {"constraint": grammar}, request_body=body).respond()
 
     return app
 
