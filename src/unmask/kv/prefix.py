@@ -7,11 +7,14 @@ known. Each entry also keeps its tokens and parent key, and a lookup compares th
 collision is a miss, never a wrong reuse.
 
 The K/V live in a pool of page slots per cached tensor (a row kind's K/V fields: the masked
-rows' "k", "v"; a speculative row's drafter context too), per layer (slots, H, page, D), grown
-as pages are added up to the byte budget the engine sets (EngineConfig.prefix_cache_mb).
+rows' "k", "v"; a speculative row's drafter context "dk", "dv" too; a renoising row's encoder
+"k", "v", each layer its own shape), per layer (slots, H, page, D), grown as pages are added up
+to the byte budget the engine sets (EngineConfig.prefix_cache_mb). (Keys hash tuples of ints,
+which Python hashes the same in every process: tensor-parallel ranks agree.)
 A running row keeps its K/V in its own slot of the rows' store (engine/rows.py), so a hit copies
 the prefix's pages into the joining row's columns [0, m), and a row whose prompt K/V are final
-(after its first step) copies its new pages in. Copies happen inside the step, so no page is
+(after its first step; a speculative row's after its first draft round, a renoising row's after
+its prompt's encoder pass) copies its new pages in. Copies happen inside the step, so no page is
 in use between steps: there is nothing to reference-count, and any page may be evicted.
 Eviction is least recently used, leaves first: a lookup or insert touches a chain's pages from
 its last to its first, so a page is always more recent than the pages that extend it, and a
