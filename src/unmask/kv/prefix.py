@@ -9,8 +9,9 @@ collision is a miss, never a wrong reuse.
 The K/V live in a pool of page slots per cached tensor (a row kind's K/V fields: the masked
 rows' "k", "v"; a speculative row's drafter context "dk", "dv" too; a renoising row's encoder
 "k", "v", each layer its own shape), per layer (slots, H, page, D), grown as pages are added up
-to the byte budget the engine sets (EngineConfig.prefix_cache_mb). (Keys hash tuples of ints,
-which Python hashes the same in every process: tensor-parallel ranks agree.)
+to the byte budget the engine sets (EngineConfig.prefix_cache_mb). (What is found and what is
+evicted depend on the pages' tokens and their order of use, not on the hash values, so
+tensor-parallel ranks, each with its own pool of its heads, agree.)
 A running row keeps its K/V in its own slot of the rows' store (engine/rows.py), so a hit copies
 the prefix's pages into the joining row's columns [0, m), and a row whose prompt K/V are final
 (after its first step; a speculative row's after its first draft round, a renoising row's after
