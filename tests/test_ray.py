@@ -5,6 +5,7 @@ same per-example results as one process). One local Ray instance for the module;
 the module."""
 
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -198,6 +199,12 @@ def test_serve_replicas_command(tmp_path):
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.Popen([sys.executable, "-m", "unmask", "serve", "--replicas", "1", "--port", str(port),
                              "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    # its stderr (Ray forwards the replicas' logs there) is read as it comes: a full pipe would
+    # block the server in a write and it could never stop
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    tail = lambda: "".join(err[-30:])  # noqa: E731
     try:
         deadline = time.time() + 300  # Ray, Serve and a replica starting on loaded cores
         while True:
@@ -206,7 +213,7 @@ def test_serve_replicas_command(tmp_path):
                     break
             except httpx.TransportError:
                 pass
-            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            assert proc.poll() is None and time.time() < deadline, tail()
             time.sleep(0.5)
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
         r = c.completions.with_raw_response.create(model="unmask", prompt="copy : red 4 owl")
@@ -221,7 +228,11 @@ def test_serve_replicas_command(tmp_path):
         assert len(tree) > 3  # Ray's own processes and workers, started by this command
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)  # graceful for at most 10 s: Serve shuts down, then Ray
-        assert proc.wait(timeout=60) == 0
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve --replicas did not stop within 60 s of Ctrl-C; its stderr ended:\n{tail()}")
+        assert code == 0, tail()
         assert time.monotonic() - t0 < 20, time.monotonic() - t0
         time.sleep(1)
         left = [p for p in tree if _alive(p)]
