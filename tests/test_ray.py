@@ -198,8 +198,11 @@ def test_serve_replicas_command(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    # Ctrl-C as a terminal sends it, whatever this test was started under (a shell's background job
+    # ignores SIGINT, and a child inherits that)
     proc = subprocess.Popen([sys.executable, "-m", "unmask", "serve", "--replicas", "1", "--port", str(port),
-                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                             "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # its stderr (Ray forwards the replicas' logs there) is read as it comes: a full pipe would
     # block the server in a write and it could never stop
     err: list[str] = []

@@ -114,11 +114,7 @@ def _serve_ray(a: argparse.Namespace, config) -> int:
         pass
     finally:
         stop.run()
-    # Ray is stopped; threads of its client or of Serve's may still wait on the instance, and the
-    # interpreter's exit would join them: leave now (what had to be written is flushed)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return 0
 
 
 def _interrupt(signum, frame):
