@@ -9,22 +9,10 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_server import Server  # noqa: E402
+from test_server import client, llm, server  # noqa: E402,F401  (its fixtures: the embedded model's server)
 
 
-@pytest.fixture(scope="module")
-def server(embedded):
-    s = Server(embedded, served_model_name="default")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
-
-
-def test_a_response_is_the_chat_completions_answer(embedded, client):
+def test_a_response_is_the_chat_completions_answer(llm, client):
     out = client.responses.create(model="default", input="copy : red 4 owl")
     chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "copy : red 4 owl"}])
     assert out.object == "response" and out.status == "completed" and out.output_text == "red 4 owl"
@@ -35,7 +23,7 @@ def test_a_response_is_the_chat_completions_answer(embedded, client):
     assert out.usage.total_tokens == out.usage.input_tokens + out.usage.output_tokens
     listed = client.responses.create(model="default", instructions="copy",
                                      input=[{"role": "user", "content": [{"type": "input_text", "text": "sort : 7 4 0"}]}])
-    assert listed.output_text == embedded.generate(["sort : 7 4 0"]).results[0].text
+    assert listed.output_text == llm.generate(["sort : 7 4 0"]).results[0].text
 
 
 def test_the_stream_sends_openai_s_events(client):

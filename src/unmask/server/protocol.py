@@ -353,32 +353,31 @@ class _ResponsesFields(BaseModel):
     ignore_eos: bool = False
 
 
-ResponsesRequest = create_model("ResponsesRequest", __base__=_ResponsesFields,
-                                **{f: (field_type(PARAM_FIELDS[f]) | None, None) for f in EXTRA_FIELDS})
-ResponsesRequest.__doc__ = """POST /v1/responses: OpenAI's Responses API for text — `input` (text or
-messages), `instructions`, `max_output_tokens`, sampling, `text.format` (structured output),
-streamed as typed events or whole; unmask's knobs as extra fields, as on the other endpoints.
-`as_chat` is the same request as a chat completion, which the server decodes."""
+_ResponsesKnobs = create_model("_ResponsesKnobs", __base__=_ResponsesFields,
+                               **{f: (field_type(PARAM_FIELDS[f]) | None, None) for f in EXTRA_FIELDS})
 
 
-def _as_chat(self) -> "ChatRequest":
-    """The chat completion this response is (one choice; instructions as a system message)."""
-    items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
-    messages = ([ChatMessage(role="system", content=self.instructions)] if self.instructions is not None else [])
-    messages += [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in items]
-    if not messages or not any(m.role == "user" for m in messages):
-        raise UnmaskError("input needs a user message", param="input")
-    fmt = self.text.format if self.text is not None else None
-    response_format = None
-    if fmt is not None and fmt.type != "text":
-        if fmt.type == "json_schema" and fmt.schema_ is None:
-            raise UnmaskError("text.format json_schema needs its schema", param="text")
-        response_format = ResponseFormat(type=fmt.type, json_schema=None if fmt.type == "json_object" else
-                                         JsonSchemaFormat(name=fmt.name or "response", schema=fmt.schema_))
-    knobs = {f: getattr(self, f) for f in EXTRA_FIELDS if getattr(self, f) is not None}
-    return ChatRequest(messages=messages, max_tokens=self.max_output_tokens, temperature=self.temperature,
-                       top_p=self.top_p, seed=self.seed, stream=self.stream, user=self.user,
-                       response_format=response_format, ignore_eos=self.ignore_eos, **knobs)
+class ResponsesRequest(_ResponsesKnobs):
+    """POST /v1/responses: OpenAI's Responses API for text — `input` (text or messages),
+    `instructions`, `max_output_tokens`, sampling, `text.format` (structured output), streamed as
+    typed events or whole; unmask's knobs as extra fields, as on the other endpoints. `as_chat`
+    is the same request as a chat completion, which the server decodes."""
 
-
-ResponsesRequest.as_chat = _as_chat
+    def as_chat(self) -> "ChatRequest":
+        """The chat completion this response is (one choice; instructions as a system message)."""
+        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
+        messages = ([ChatMessage(role="system", content=self.instructions)] if self.instructions is not None else [])
+        messages += [ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in items]
+        if not messages or not any(m.role == "user" for m in messages):
+            raise UnmaskError("input needs a user message", param="input")
+        fmt = self.text.format if self.text is not None else None
+        response_format = None
+        if fmt is not None and fmt.type != "text":
+            if fmt.type == "json_schema" and fmt.schema_ is None:
+                raise UnmaskError("text.format json_schema needs its schema", param="text")
+            response_format = ResponseFormat(type=fmt.type, json_schema=None if fmt.type == "json_object" else
+                                             JsonSchemaFormat(name=fmt.name or "response", schema=fmt.schema_))
+        knobs = {f: getattr(self, f) for f in EXTRA_FIELDS if getattr(self, f) is not None}
+        return ChatRequest(messages=messages, max_tokens=self.max_output_tokens, temperature=self.temperature,
+                           top_p=self.top_p, seed=self.seed, stream=self.stream, user=self.user,
+                           response_format=response_format, ignore_eos=self.ignore_eos, **knobs)
