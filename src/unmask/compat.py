@@ -202,6 +202,60 @@ class DiffusionGemmaMode(CompatMode):
         super().check(p, subject)
 
 
+# the attention implementation dllm's model runs with: its boolean block mask is a mask under
+# transformers' sdpa (the default) and a +1 score bias under eager (unmask.reference.dllm)
+ATTN_IMPLEMENTATION = Knob(None, str, "compat dllm-mdlm / dllm-bd3lm: the attention implementation the reference "
+                           "model runs with: sdpa (transformers' default, and dllm's) or eager, which adds BD3LM's "
+                           "boolean block mask to the scores instead of masking (default sdpa)",
+                           choices(("sdpa", "eager")))
+
+
+class _Dllm(CompatMode):
+    """What dllm's two samplers share: greedy, low-confidence remasking, dllm's linear schedule
+    (total steps spread as ceil(steps / blocks) per block), any gen_length and block_length."""
+
+    family = "a2d"
+    policies = ("fixed",)
+    equal_length_prompts = False  # each sampler pads and masks its own way
+    tiles = False  # the last block may be partial; steps need not divide
+    fields: ClassVar[dict] = {"attn_implementation": ATTN_IMPLEMENTATION}
+
+    def resolve(self, p):
+        return replace(p, attn_implementation=p.attn_implementation or "sdpa")
+
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
+                   subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
+        super().check(p, subject)
+
+
+@register
+class DllmMDLM(_Dllm):
+    """dllm's `MDLMSampler.sample` (dllm/core/samplers/mdlm.py) on an A2D checkpoint: the whole
+    canvas every step, blocks counted from each row's prompt end. Loop: unmask.reference.dllm."""
+
+    name = "dllm-mdlm"
+    reference = "dllm's MDLMSampler"
+    caches = ("none",)
+    loop = "dllm-mdlm"
+
+
+@register
+class DllmBD3LM(_Dllm):
+    """dllm's `BD3LMSampler.sample` (dllm/core/samplers/bd3lm.py) on an A2D checkpoint: block
+    attention over blocks of `block_length`, a prefix forward per block whose K/V the block's steps
+    reuse (cache "exact"). Loop: unmask.reference.dllm."""
+
+    name = "dllm-bd3lm"
+    reference = "dllm's BD3LMSampler"
+    caches = ("exact",)
+    loop = "dllm-bd3lm"
+
+    def resolve(self, p):
+        return replace(super().resolve(p), cache="exact" if p.cache == "none" else p.cache)
+
+
 def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """torch.topk(confidence_row, k) with non-candidates at -inf, as LLaDA's `generate`, Fast-dLLM's
     factor rule and Dream's `_sample` select: among exactly equal confidences torch.topk's choice

@@ -48,18 +48,21 @@ def _theta(cfg: dict, family: str) -> float:
         cfg, "rope_theta", 10000.0)
 
 
-def _qwen(cfg: dict, family: str, **extra) -> ArchConfig:
-    _refuse(cfg, family)
-    heads = cfg_int(cfg, "num_attention_heads", family=family)
+def qwen_arch(cfg: dict, family: str, label: str | None = None, **extra) -> ArchConfig:
+    """The ArchConfig of a config.json in transformers' Qwen2 / Qwen3 / Llama field names; `label`
+    names the family in errors (default: `family`)."""
+    label = label or family
+    _refuse(cfg, label)
+    heads = cfg_int(cfg, "num_attention_heads", family=label)
     return ArchConfig(
         family=family,
-        vocab_size=cfg_int(cfg, "vocab_size", family=family),
-        hidden_size=cfg_int(cfg, "hidden_size", family=family),
-        num_layers=cfg_int(cfg, "num_hidden_layers", family=family),
+        vocab_size=cfg_int(cfg, "vocab_size", family=label),
+        hidden_size=cfg_int(cfg, "hidden_size", family=label),
+        num_layers=cfg_int(cfg, "num_hidden_layers", family=label),
         num_heads=heads,
         num_kv_heads=cfg_int(cfg, "num_key_value_heads", heads),
-        intermediate_size=cfg_int(cfg, "intermediate_size", family=family),
-        rope_theta=_theta(cfg, family),
+        intermediate_size=cfg_int(cfg, "intermediate_size", family=label),
+        rope_theta=_theta(cfg, label),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-6),
         max_positions=cfg_int(cfg, "max_position_embeddings", 32768),
         tie_embeddings=cfg_flag(cfg, "tie_word_embeddings", False),
@@ -71,19 +74,19 @@ def fast_dllm_v2_arch(cfg: dict) -> ArchConfig:
     block = cfg_int(cfg, "bd_size", family="Fast-dLLM v2")
     if block < 1:
         raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
-    return _qwen(cfg, "fast_dllm_v2", qkv_bias=True, logit_shift=1, block_size=block)
+    return qwen_arch(cfg, "fast_dllm_v2", qkv_bias=True, logit_shift=1, block_size=block)
 
 
 def sdar_arch(cfg: dict) -> ArchConfig:
     block = cfg_int(cfg, "bd_size", SDAR_BLOCK)
     if block < 1:
         raise CheckpointError(f"config.json: bd_size {block!r} must be a positive integer")
-    return _qwen(cfg, "sdar", qkv_bias=cfg_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
+    return qwen_arch(cfg, "sdar", qkv_bias=cfg_flag(cfg, "attention_bias", False), logit_shift=0, block_size=block,
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)
 
 
 def qwen3_arch(cfg: dict) -> ArchConfig:
     """Qwen3 (`Qwen3ForCausalLM`): an autoregressive target (DFlash's released drafters are trained
     for Qwen3 targets). The Qwen decoder run causally, with per-head q/k norms and head_dim."""
-    return _qwen(cfg, "qwen3", qkv_bias=cfg_flag(cfg, "attention_bias", False), causal=True,
+    return qwen_arch(cfg, "qwen3", qkv_bias=cfg_flag(cfg, "attention_bias", False), causal=True,
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)

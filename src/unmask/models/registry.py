@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from unmask.errors import CheckpointError
+from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_TYPES, a2d_arch
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
@@ -44,6 +45,11 @@ FAMILIES = (
            "Fast-dLLM v2 (Efficient-Large-Model/Fast_dLLM_v2_7B): block diffusion from Qwen2.5"),
     Family("sdar", ("sdar",), ("SDARForCausalLM",), sdar_arch, QwenModel,
            "SDAR (JetLM/SDAR-*-Chat): block diffusion from Qwen3"),
+    # dllm's A2D: autoregressive Qwen2 / Qwen3 / Llama made bidirectional, trained as MDLM or BD3LM
+    Family("a2d", tuple(A2D_TYPES), A2D_ARCHITECTURES, a2d_arch, QwenModel,
+           "dllm A2D (dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1, -bd3lm-v0.1, "
+           "dllm-hub/Qwen2.5-Coder-0.5B-Instruct-diffusion-{mdlm,bd3lm}-v0.1): masked or block diffusion "
+           "from Qwen2, Qwen3 or Llama"),
     # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
     # drafters' configs also say model_type "qwen3"
     Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,

@@ -6,7 +6,10 @@ decoding, which is the request engine's (unmask.engine).
 - fast_dllm_v2.py: Fast-dLLM v2's `batch_sample`;
 - llada2.py: LLaDA2.1's `generate` (mask-to-token plus token-to-token editing);
 - diffusion_gemma.py: DiffusionGemma's `generate` (renoising: entropy bound, self-conditioning);
+- dllm.py: dllm's MDLM and BD3LM samplers (its A2D models);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
+
+import importlib
 
 
 def run_reference(model, tokens, prompts: list[list[int]], params, suffixes: list[list[int]] | None = None):
@@ -18,18 +21,17 @@ def run_reference(model, tokens, prompts: list[list[int]], params, suffixes: lis
     loop = get_mode(params.compat).loop
     if suffixes is not None and loop != "lockstep":
         raise ValueError(f"the {loop} loop takes no suffix")
-    if loop == "fast-dllm-v2":
-        from unmask.reference.fast_dllm_v2 import decode_fast_dllm_v2
+    module, name = LOOPS[loop]
+    decode = getattr(importlib.import_module(f"unmask.reference.{module}"), name)
+    return decode(model, tokens, prompts, params, *([suffixes] if loop == "lockstep" else []))
 
-        return decode_fast_dllm_v2(model, tokens, prompts, params)
-    if loop == "diffusion-gemma":
-        from unmask.reference.diffusion_gemma import decode_diffusion_gemma
 
-        return decode_diffusion_gemma(model, tokens, prompts, params)
-    if loop == "llada2":
-        from unmask.reference.llada2 import decode_llada2
-
-        return decode_llada2(model, tokens, prompts, params)
-    from unmask.reference.lockstep import decode_reference
-
-    return decode_reference(model, tokens, prompts, params, suffixes)
+# a compat mode's `loop` -> (module of this package, its decode function)
+LOOPS = {
+    "lockstep": ("lockstep", "decode_reference"),
+    "fast-dllm-v2": ("fast_dllm_v2", "decode_fast_dllm_v2"),
+    "diffusion-gemma": ("diffusion_gemma", "decode_diffusion_gemma"),
+    "llada2": ("llada2", "decode_llada2"),
+    "dllm-mdlm": ("dllm", "decode_mdlm"),
+    "dllm-bd3lm": ("dllm", "decode_bd3lm"),
+}
