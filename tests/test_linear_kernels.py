@@ -123,3 +123,38 @@ def test_kernel_errors_name_the_value(tmp_path, monkeypatch):
         load_model(path)
     with pytest.raises(ValueError, match="unknown linear kernel"):
         use_kernels(nn.Linear(2, 2), "mkl")
+
+
+def test_reference_modes_compute_on_the_default_kernel(tmp_path):
+    """A compat mode promises its reference's tokens on any machine, whatever `--linear-kernel`
+    resolves to there: the two kernels round differently (measured: Fast-dLLM's sampler on a
+    random 25 M LLaDA, prompt 512, differed from its reference at 2-47 of 128 positions on oneDNN),
+    so the reference loops run inside `default_numerics`, where oneDNN layers compute with
+    PyTorch's kernel on their plain weight: bit for bit the default kernel's logits."""
+    from unmask.layers.dispatch import default_numerics
+
+    path = write_llada(tmp_path / "m", d=256, ff=688, heads=4, kv_heads=4)
+    plain, fast = LLM(path, linear_kernel="default"), LLM(path, linear_kernel="onednn")
+    layers = [m for m in fast.model.modules() if isinstance(m, OneDNNLinear)]
+    assert layers and all(m.weight is None for m in layers)  # onednn keeps no plain copy
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 20, (2, 40), generator=g)
+    pos = torch.arange(40)[None].expand(2, -1)
+    with torch.no_grad():
+        a, b = plain.model(ids, pos), fast.model(ids, pos)
+        with default_numerics(fast.model):
+            c = fast.model(ids, pos)
+    assert not torch.equal(a, b)  # what a reference mode must not see
+    assert torch.equal(a, c)
+    assert all(m._plain is None for m in layers)  # the read-back copies are freed on leaving
+
+    seen = []
+    layers[0].register_forward_hook(lambda m, i, o: seen.append(m._plain is not None))
+    prompts = [[5, 9, 13, 2], [1, 2, 3, 4]]
+    ref = fast.generate(prompts, dict(compat="llada", gen_length=8, block_length=8, steps=8))
+    assert seen and all(seen)
+    assert [r.raw_ids for r in ref.results] == [r.raw_ids for r in plain.generate(
+        prompts, dict(compat="llada", gen_length=8, block_length=8, steps=8)).results]
+    seen.clear()
+    fast.generate(prompts, dict(gen_length=8, block_length=8))  # native decoding keeps the faster kernel
+    assert seen and not any(seen)

@@ -20,6 +20,7 @@ from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
 from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
+from unmask.layers.dispatch import default_numerics
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
@@ -335,7 +336,8 @@ class LLM:
         if params.compat is None:
             return self._generate_engine(ids, params, suffixes)
         t0 = time.perf_counter()
-        decoded = run_reference(self.model, self.token_ids, ids, params, suffixes)
+        with default_numerics(self.model):  # the reference's tokens whatever kernel the layers were put on
+            decoded = run_reference(self.model, self.token_ids, ids, params, suffixes)
         seconds = time.perf_counter() - t0
         ends = list(itertools.accumulate(s.seconds for s in decoded.steps))
         edits = decoded.row_edits or [[] for _ in decoded.rows]

@@ -18,6 +18,7 @@ later loads on that machine choose the same without measuring. Kernels: "auto" (
 "default" (PyTorch's F.linear, no change), "onednn" (oneDNN at every row count).
 """
 
+import contextlib
 import json
 import os
 import platform
@@ -57,6 +58,12 @@ class OneDNNLinear(nn.Module):
                         for i in range(0, w.shape[0], step)]
         self.register_buffer("weight", w if from_rows > 1 else None, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach(), persistent=False)
+        self._plain: torch.Tensor | None = None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The plain (out, in) weight: the kept one, or the reordered blocks read back (a copy;
+        the reorder changes the layout, not the values)."""
+        return self.weight if self.weight is not None else torch.cat([b.to_dense() for b in self._blocks])
 
     @property
     def packed_bytes(self) -> int:
@@ -70,12 +77,13 @@ class OneDNNLinear(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
         """The checkpoint's names and plain layout (the reordered weight read back: a copy)."""
-        destination[prefix + "weight"] = (self.weight if self.weight is not None
-                                          else torch.cat([b.to_dense() for b in self._blocks]))
+        destination[prefix + "weight"] = self.dense_weight()
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._plain is not None:  # inside default_numerics: PyTorch's kernel on the plain weight
+            return F.linear(x, self._plain, self.bias)
         if x.numel() >= self.from_rows * self.in_features:
             with torch.no_grad():  # inference only: no gradient flows through the reordered weight
                 if len(self._blocks) == 1:
@@ -234,3 +242,19 @@ def use_kernels(model: nn.Module, kernel: str = "auto", skip=routers) -> int:
         replace(model, name, OneDNNLinear.from_linear(m, plan.get((m.in_features, m.out_features), 1)))
         m.weight = None
     return len(targets)
+
+
+@contextlib.contextmanager
+def default_numerics(model: nn.Module):
+    """Within it, every oneDNN layer of `model` computes with PyTorch's default kernel on its plain
+    weight, so the model's outputs are those of a model loaded with kernel "default" (a reference
+    mode promises the reference's tokens, and the two kernels round differently). A layer whose
+    plain weight was not kept holds a read-back copy for the duration (freed on exit)."""
+    layers = [m for m in model.modules() if isinstance(m, OneDNNLinear)]
+    try:
+        for m in layers:
+            m._plain = m.dense_weight()
+        yield model
+    finally:
+        for m in layers:
+            m._plain = None
