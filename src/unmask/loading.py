@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from unmask.errors import CheckpointError, UnmaskError
+from unmask.hub import download, is_hub_name
 from unmask.models.base import TokenIds
 
 ASSETS = Path(__file__).parent / "assets"
@@ -27,8 +28,11 @@ _NAMES = ", ".join(repr(n) for n in EMBEDDED_ABOUT)
 
 
 def resolve_model_path(model: str | Path | None) -> Path:
+    """The folder of `model`: an embedded model's name, a local folder, or a Hub name (`org/name`,
+    `org/name@revision`: unmask.hub, downloaded into the Hub cache) — in that order, so an embedded
+    name or an existing local folder shadows a Hub name."""
     if model is not None and not isinstance(model, (str, Path)):
-        raise UnmaskError(f"model {model!r} must be a folder path or an embedded model's name: {_NAMES}")
+        raise UnmaskError(f"model {model!r} must be a folder path, a Hub name (org/name) or an embedded model's name: {_NAMES}")
     name = "default" if model is None else str(model)
     if isinstance(model, str) and not model.strip():
         raise UnmaskError(f"model {model!r} is empty; give a checkpoint folder or an embedded model's name: {_NAMES}")
@@ -37,7 +41,10 @@ def resolve_model_path(model: str | Path | None) -> Path:
         if not (path / "config.json").exists():
             raise UnmaskError(f"the embedded model {name!r} is not in this installation ({path})")
         return path
-    return Path(model)
+    path = Path(model)
+    if isinstance(model, str) and not path.exists() and is_hub_name(model):  # a local folder wins
+        return download(model)
+    return path
 
 
 def check_device(device) -> torch.device:
