@@ -164,8 +164,9 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         elif a.model in rl.RENOISE_SHAPES:
             arch = rl.renoise_shape(a.model)
         else:
-            cfg = read_json(resolve_model_path(a.model) / "config.json")
-            arch = resolve_family(cfg).arch(cfg)
+            folder = resolve_model_path(a.model)
+            cfg = read_json(folder / "config.json")
+            arch = resolve_family(cfg).arch_of(cfg, folder)
     if a.step_table:  # one forward of this model on this CPU (float32, int8) beside the GPU presets
         if arch is None:
             raise UnmaskError("--step-table needs --model (e.g. llada-8b)")

@@ -14,14 +14,20 @@ tokenizer's (`<|mask|>` as dllm's tokenizer set-up adds it; unmask.tokenizer).
 
 Whether a checkpoint was trained as MDLM or BD3LM is not in its config (the block is a training
 and sampling argument). A folder whose config.json says `block_size` (or `bd_size`) is run as a
-block-diffusion model with that block; otherwise it is a full-attention model. The samplers
-themselves are `compat dllm-mdlm` / `dllm-bd3lm` (unmask.reference.dllm), on either.
+block-diffusion model with that block; so is a folder of a known BD3LM release (RELEASES, by the
+release's name: the folder's own, or the Hub cache's `models--dllm-hub--NAME`), with the block it
+was trained with; otherwise it is a full-attention model. The samplers themselves are `compat
+dllm-mdlm` / `dllm-bd3lm` (unmask.reference.dllm), on either.
 """
+
+from pathlib import Path
 
 from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, cfg_flag, cfg_int
 from unmask.models.blockdiff import qwen_arch
 
+# dllm-hub's BD3LM releases and the block they were trained with (examples/a2d/bd3lm: block_size 32)
+RELEASES = {"Qwen3-0.6B-diffusion-bd3lm-v0.1": 32, "Qwen2.5-Coder-0.5B-Instruct-diffusion-bd3lm-v0.1": 32}
 BASES = {"a2d-qwen2": "Qwen2", "a2d-qwen3": "Qwen3", "a2d-llama": "Llama"}
 ARCHITECTURES = ("A2DQwen2LMHeadModel", "A2DQwen3LMHeadModel", "A2DLlamaLMHeadModel")
 _BY_ARCH = dict(zip(ARCHITECTURES, BASES))
@@ -48,3 +54,12 @@ def a2d_arch(cfg: dict) -> ArchConfig:
     bias = True if base == "Qwen2" else cfg_flag(cfg, "attention_bias", False)
     return qwen_arch(cfg, "a2d", qkv_bias=bias, attn_out_bias=bias and base != "Qwen2", block_size=block,
                      head_size=cfg_int(cfg, "head_dim", 0), qk_norm=base == "Qwen3", label=family)
+
+
+def released(folder: Path) -> dict:
+    """config.json fields a known release implies but does not write (its training block)."""
+    for part in reversed(Path(folder).resolve().parts):
+        name = part.removeprefix("models--dllm-hub--")
+        if name in RELEASES:
+            return {"block_size": RELEASES[name]}
+    return {}

@@ -105,7 +105,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
                               "safetensors, tokenizer files) or an embedded model's name")
     cfg = read_json(folder / "config.json")
     family = resolve_family(cfg)
-    arch = family.arch(cfg)
+    arch = family.arch_of(cfg, folder)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
     files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
@@ -321,7 +321,7 @@ def check_split(path: str | Path, world: int) -> None:
     if not (folder / "config.json").is_file():
         return  # load_model names the problem
     cfg = read_json(folder / "config.json")
-    check_divisible(resolve_family(cfg).arch(cfg), world)
+    check_divisible(resolve_family(cfg).arch_of(cfg, folder), world)
 
 
 _FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -2,10 +2,11 @@
 `auto_map` entries are ignored."""
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from unmask.errors import CheckpointError
-from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_TYPES, a2d_arch
+from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_TYPES, a2d_arch, released as a2d_released
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
@@ -27,6 +28,14 @@ class Family:
     # checkpoint tensors the family does not load: key -> why ("vision": a vision tower, skipped
     # with one notice; "tied": a tied duplicate of a loaded weight), or None to load it
     skipped: Callable[[str], str | None] | None = None
+    # config.json fields a known release implies without writing them, from its folder (A2D's BD3LM block)
+    released: Callable[[Path], dict] | None = None
+
+    def arch_of(self, cfg: dict, folder: Path | None = None) -> ArchConfig:
+        """The ArchConfig of a checkpoint's config.json (and, for a release that leaves a field
+        out, what its folder says)."""
+        implied = self.released(folder) if self.released is not None and folder is not None else {}
+        return self.arch({**implied, **cfg})
 
 
 FAMILIES = (
@@ -49,7 +58,7 @@ FAMILIES = (
     Family("a2d", tuple(A2D_TYPES), A2D_ARCHITECTURES, a2d_arch, QwenModel,
            "dllm A2D (dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1, -bd3lm-v0.1, "
            "dllm-hub/Qwen2.5-Coder-0.5B-Instruct-diffusion-{mdlm,bd3lm}-v0.1): masked or block diffusion "
-           "from Qwen2, Qwen3 or Llama"),
+           "from Qwen2, Qwen3 or Llama", released=a2d_released),
     # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
     # drafters' configs also say model_type "qwen3"
     Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,
