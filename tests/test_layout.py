@@ -11,7 +11,7 @@ RANK = {"layers": 0, "models": 1, "kv": 2, "tokenizer": 2, "sampler": 2, "cache"
         "params": 4, "accept": 5, "inputs": 5, "holes": 5, "engine": 6, "parallel": 6, "reference": 6, "outputs": 6, "llm": 7, "evaluate": 8,
         "bench": 9, "train": 9, "server": 9, "cli": 10}
 # import nothing of unmask but errors; anyone may use them
-LEAVES = {"errors", "progress", "tasks", "files", "registry", "trace", "cluster", "knobs"}
+LEAVES = {"errors", "progress", "tasks", "files", "registry", "trace", "cluster", "knobs", "hub"}
 # no unit is split across ranks (the compat modes' registry, below params, is its own module)
 SUBUNITS: set[str] = set()
 
