@@ -90,3 +90,9 @@ def qwen3_arch(cfg: dict) -> ArchConfig:
     for Qwen3 targets). The Qwen decoder run causally, with per-head q/k norms and head_dim."""
     return qwen_arch(cfg, "qwen3", qkv_bias=cfg_flag(cfg, "attention_bias", False), causal=True,
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)
+
+
+def qwen2_arch(cfg: dict) -> ArchConfig:
+    """Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`): autoregressive, run causally (q/k/v biases): the
+    parent of A2D-Qwen2 models and their AR baseline."""
+    return qwen_arch(cfg, "qwen2", qkv_bias=True, causal=True)

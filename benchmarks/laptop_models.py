@@ -1,0 +1,213 @@
+"""What the small open diffusion models cost on this CPU, at their released shapes, beside the
+autoregressive models they came from (issue 46, README "Models that run on a laptop").
+
+Random weights of the real configs (config.json values of the releases; written here in their
+released layouts, bfloat16 storage as released, loaded as float32 or int8):
+  - dllm's Tiny-A2D from Qwen3-0.6B: `a2d-qwen3` MDLM (full attention, unmask's DualCache) and
+    BD3LM (blocks of 32, exact cache), and Qwen3-0.6B itself as a causal model (KV cache);
+  - dllm's Tiny-A2D from Qwen2.5-Coder-0.5B-Instruct: `a2d-qwen2` MDLM and BD3LM, and the coder
+    itself as a causal model (infilling prefix-suffix-middle through its FIM tokens).
+Random weights cannot show how many tokens a confident model commits per forward, so the
+diffusion models run a fixed schedule of 1, 2 and 4 tokens per forward (`steps` = gen / k); the
+AR models one. Per model, dtype, batch (1, 8) and schedule:
+  - load: seconds of `LLM(folder)` (reading, converting, kernel choice), resident memory after it;
+  - answer: a 256-token prompt, 128 generated tokens (blocks of 32);
+  - infill: 96 tokens before and 96 after a 32-token hole (full-attention and AR models);
+  - ttft_s: the first forward (the prompt and the first commit, all rows joining together);
+    s_per_forward: the mean of the others; tokens_per_s: generated tokens of all rows over the
+    whole decode (every forward and the decode loop; not tokenisation or load).
+Each (model, dtype) runs in a process of its own (load time and memory are its own); the JSON is
+rewritten after each and a rerun skips what is there (resumable).
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/laptop_models.py   # -> benchmarks/results/laptop_models_cpu.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# config.json of the releases (the values that decide the shape)
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
+                 rms_norm_eps=1e-6, max_position_embeddings=40960, attention_bias=False, hidden_act="silu",
+                 bos_token_id=151643, eos_token_id=151645)
+QWEN25_CODER_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                        intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
+                        rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_act="silu", use_sliding_window=False,
+                        bos_token_id=151643, eos_token_id=151645)
+# name -> (base shape, config.json's model_type / architecture, kind of run)
+MODELS = {
+    "Qwen3-0.6B-diffusion-mdlm-v0.1": (QWEN3_06B, "a2d-qwen3", "A2DQwen3LMHeadModel", "full"),
+    "Qwen3-0.6B-diffusion-bd3lm-v0.1": (QWEN3_06B, "a2d-qwen3", "A2DQwen3LMHeadModel", "block"),
+    "Qwen3-0.6B": (QWEN3_06B, "qwen3", "Qwen3ForCausalLM", "causal"),
+    "Qwen2.5-Coder-0.5B-Instruct-diffusion-mdlm-v0.1": (QWEN25_CODER_05B, "a2d-qwen2", "A2DQwen2LMHeadModel", "full"),
+    "Qwen2.5-Coder-0.5B-Instruct-diffusion-bd3lm-v0.1": (QWEN25_CODER_05B, "a2d-qwen2", "A2DQwen2LMHeadModel",
+                                                         "block"),
+    "Qwen2.5-Coder-0.5B-Instruct": (QWEN25_CODER_05B, "qwen2", "Qwen2ForCausalLM", "causal"),
+}
+# the Qwen tokenizers' special tokens at their ids (the word-level stand-in's; prompts are ids)
+SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|fim_prefix|>": 151659,
+            "<|fim_middle|>": 151660, "<|fim_suffix|>": 151661, "<|fim_pad|>": 151662, "<|mask|>": 151669}
+PROMPT, GEN, HOLE, SIDE = 256, 128, 32, 96
+
+
+def write_weights(base: dict, path: Path, seed: int = 0) -> None:
+    """Random weights of the Qwen layout (bfloat16, as released), tied head."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    d, f, V = base["hidden_size"], base["intermediate_size"], base["vocab_size"]
+    hd = base.get("head_dim") or d // base["num_attention_heads"]
+    q, kv = base["num_attention_heads"] * hd, base["num_key_value_heads"] * hd
+
+    def w(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    t = {"model.embed_tokens.weight": w(V, d), "model.norm.weight": torch.ones(d, dtype=torch.bfloat16)}
+    for i in range(base["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t.update({p + "input_layernorm.weight": torch.ones(d, dtype=torch.bfloat16),
+                  p + "post_attention_layernorm.weight": torch.ones(d, dtype=torch.bfloat16),
+                  p + "self_attn.q_proj.weight": w(q, d), p + "self_attn.k_proj.weight": w(kv, d),
+                  p + "self_attn.v_proj.weight": w(kv, d), p + "self_attn.o_proj.weight": w(d, q),
+                  p + "mlp.gate_proj.weight": w(f, d), p + "mlp.up_proj.weight": w(f, d),
+                  p + "mlp.down_proj.weight": w(d, f)})
+        if "head_dim" in base:  # Qwen3: per-head q/k norms
+            t[p + "self_attn.q_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
+            t[p + "self_attn.k_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
+        else:  # Qwen2: q/k/v biases
+            for n, size in (("q", q), ("k", kv), ("v", kv)):
+                t[p + f"self_attn.{n}_proj.bias"] = w(size)
+    save_file(t, path, metadata={"format": "pt"})
+
+
+def write_folder(root: Path, name: str) -> Path:
+    """The release's folder: config.json, the (shared) weights, a word-level tokenizer naming the
+    real special tokens at their ids. A BD3LM release's folder carries its name (its block)."""
+    base, model_type, arch, _ = MODELS[name]
+    folder = root / name
+    if (folder / "config.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = root / f"weights-{base['hidden_size']}.safetensors"
+    if not weights.exists():
+        write_weights(base, weights)
+    (folder / "model.safetensors").symlink_to(weights)
+    (folder / "config.json").write_text(json.dumps({**base, "model_type": model_type, "architectures": [arch]}))
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, 1000)}, **SPECIALS}
+    tok = {"version": "1.0", "truncation": None, "padding": None,
+           "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for s, i in SPECIALS.items()],
+           "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+           "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                              "mask_token": "<|mask|>"}))
+    return folder
+
+
+def rss_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(folder: str, quantize: str | None, kind: str, batches: list[int], schedules: list[int]) -> dict:
+    import torch
+
+    from unmask import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(folder, quantize=quantize)
+    out = {"load_s": round(time.perf_counter() - t0, 2), "rss_after_load_mb": round(rss_mb()), "runs": []}
+    g = torch.Generator().manual_seed(0)
+    ids = lambda n, b: torch.randint(1, 1000, (b, n), generator=g).tolist()  # noqa: E731 (ordinary words)
+    # infilling: the full-attention models (text on both sides) and the coder, prefix-suffix-middle
+    tasks = ["answer"] + (["infill"] if kind == "full" or kind == "causal" and "Coder" in folder else [])
+    warm = set()
+    for task in tasks:
+        for b in batches:
+            for k in ([1] if kind == "causal" else schedules):
+                gen = GEN if task == "answer" else HOLE
+                given = dict(gen_length=gen, early_stop=False)
+                if kind != "causal":
+                    given.update(policy="fixed", steps=gen // k, block_length=32,
+                                 cache="exact" if kind == "block" else "dual")
+                params = llm.default_params(**given)
+                if task == "answer":
+                    prompts, suffix = ids(PROMPT, b), None
+                else:
+                    prompts, suffix = ids(SIDE, b), ids(SIDE, b)
+                if (task, b) not in warm:  # once per shape: the allocator's first touches, not the kernels' choice
+                    llm.generate(prompts, replace(params, steps=None if kind == "causal" else gen // max(schedules)),
+                                 suffix=suffix)
+                    warm.add((task, b))
+                t = time.perf_counter()
+                res = llm.generate(prompts, params, suffix=suffix)
+                seconds = time.perf_counter() - t
+                fw = [s.seconds for s in res.steps]
+                tokens = sum(len(r.raw_ids) for r in res.results)
+                out["runs"].append({"task": task, "batch": b, "tokens_per_forward": k, "forwards": len(fw),
+                                    "ttft_s": round(fw[0], 4),
+                                    "s_per_forward": round(sum(fw[1:]) / max(len(fw) - 1, 1), 4),
+                                    "seconds": round(seconds, 3), "tokens": tokens,
+                                    "tokens_per_s": round(tokens / seconds, 2)})
+                print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)
+    out["peak_rss_mb"] = round(int(next(x for x in open("/proc/self/status") if x.startswith("VmHWM:")).split()[1])
+                               / 1024)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="/tmp/unmask-laptop-models", help="where the random-weight folders are written")
+    ap.add_argument("--out", default="benchmarks/results/laptop_models_cpu.json")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--dtypes", default="float32,int8")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--schedules", default="1,2,4", help="tokens per forward of the diffusion models' fixed schedule")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    batches, schedules = [int(x) for x in a.batches.split(",")], [int(x) for x in a.schedules.split(",")]
+    if a.worker:
+        folder, quantize, kind = a.worker
+        print(json.dumps(worker(folder, None if quantize == "float32" else quantize, kind, batches, schedules)))
+        return
+    from unmask.bench.runner import context
+    from unmask.files import write_json_atomic
+
+    out_path = Path(a.out)
+    result = json.loads(out_path.read_text()) if out_path.exists() else {}
+    result["context"] = {**context(), "setup": __doc__.split("\n\n")[1:3]}
+    result.setdefault("rows", {})
+    root = Path(a.root)
+    root.mkdir(parents=True, exist_ok=True)
+    for name in a.models.split(","):
+        folder = write_folder(root, name)
+        for dtype in a.dtypes.split(","):
+            key = f"{name} {dtype}"
+            if key in result["rows"]:
+                continue
+            print(f"== {key}", file=sys.stderr, flush=True)
+            run = subprocess.run([sys.executable, __file__, "--worker", str(folder), dtype, MODELS[name][3],
+                                  "--batches", a.batches, "--schedules", a.schedules],
+                                 stdout=subprocess.PIPE, text=True)
+            if run.returncode:
+                raise SystemExit(f"{key}: the worker failed ({run.returncode})")
+            result["rows"][key] = {"model": name, "dtype": dtype, "kind": MODELS[name][3],
+                                   "parameters": None, **json.loads(run.stdout.strip().splitlines()[-1])}
+            write_json_atomic(out_path, result)
+    print(json.dumps(result["rows"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
