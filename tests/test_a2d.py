@@ -79,6 +79,16 @@ def test_what_the_layout_cannot_be_is_named(tmp_path, change, message):
 def test_unmask_models_lists_the_a2d_layouts():
     from unmask.models.registry import layouts
 
-    rows = [r for r in layouts() if "A2D" in r[1]]
+    rows = [r for r in layouts() if r[1].startswith("dllm A2D")]
     assert len(rows) == 1 and all(t in rows[0][0] for t in ("a2d-qwen2", "a2d-qwen3", "a2d-llama"))
     assert "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1" in rows[0][1]
+
+
+def test_the_qwen2_parent_runs_causally_but_a_diffusion_release_in_its_config_is_refused(tmp_path):
+    """Qwen2.5-Coder as the AR baseline loads as a causal model; Open-dCoder's release carries an
+    unchanged Qwen2 config, so its name is what tells: refused, never run autoregressively."""
+    ar = LLM(_copy(tmp_path, "ckpt-qwen2", model_type="qwen2", architectures=["Qwen2ForCausalLM"]))
+    assert (ar.arch.family, ar.arch.kind) == ("qwen2", "causal")
+    with pytest.raises(CheckpointError, match="'open-dcoder', a diffusion model whose config.json is an autoregressive"):
+        LLM(_copy(tmp_path, "ckpt-qwen2", name="open-dcoder-0.5B", model_type="qwen2",
+                  architectures=["Qwen2ForCausalLM"]))

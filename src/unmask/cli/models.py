@@ -16,8 +16,9 @@ def model_help() -> str:
     """--model's help text, generated from the tables `unmask models` prints."""
     names = ", ".join(fam.layout.split(" (")[0] for fam in FAMILIES)
     embedded = ", ".join(n for n in EMBEDDED_ABOUT if n != "default-dflash")
-    return (f"a local Hugging Face checkpoint folder in a released layout ({names}) or an embedded model: "
-            f"{embedded} (default: default); `unmask models` lists them")
+    return (f"an embedded model ({embedded}; default: default), a local Hugging Face checkpoint folder, or a Hub "
+            f"name (org/name or org/name@revision, downloaded into the Hub cache), in a released layout ({names}); "
+            "`unmask models` lists them")
 
 
 def cmd_models(a: argparse.Namespace) -> int:
@@ -31,7 +32,8 @@ def cmd_models(a: argparse.Namespace) -> int:
     print("Embedded models (shipped with the package; --model NAME):")
     for r in rows["embedded"]:
         print(f"  {r['name']:<{width}}  {r['about']}")
-    print("\nCheckpoint layouts (--model /path/to/folder: config.json, safetensors, tokenizer; no remote code):")
+    print("\nCheckpoint layouts (--model /path/to/folder or a Hub name, org/name[@revision]: config.json, safetensors, "
+          "tokenizer; no remote code):")
     for r in rows["layouts"]:
         print(f"  {r['layout']}\n      config.json: {r['config']}")
     return 0

@@ -92,7 +92,25 @@ def qwen3_arch(cfg: dict) -> ArchConfig:
                  head_size=cfg_int(cfg, "head_dim", 0), qk_norm=True)
 
 
+# diffusion models released with an unchanged Qwen2 config (nothing in it says they are not
+# autoregressive): recognised by name, refused until their family is built, never run causally
+QWEN2_DIFFUSION_RELEASES = ("open-dcoder",)
+
+
+def qwen2_released(folder) -> dict:
+    """What a folder's name says of a Qwen2 config (unmask.models.registry.Family.released)."""
+    from pathlib import Path
+
+    names = [part.lower() for part in Path(folder).resolve().parts[-3:]]
+    hit = next((r for r in QWEN2_DIFFUSION_RELEASES for n in names if r in n), None)
+    return {"_diffusion_release": hit} if hit else {}
+
+
 def qwen2_arch(cfg: dict) -> ArchConfig:
     """Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`): autoregressive, run causally (q/k/v biases): the
     parent of A2D-Qwen2 models and their AR baseline."""
+    if cfg.get("_diffusion_release"):
+        raise CheckpointError(f"this folder holds {cfg['_diffusion_release']!r}, a diffusion model whose config.json is "
+                              "an autoregressive Qwen2's; unmask does not run it yet (it would not run it as "
+                              "autoregressive)")
     return qwen_arch(cfg, "qwen2", qkv_bias=True, causal=True)

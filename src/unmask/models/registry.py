@@ -8,7 +8,7 @@ from typing import Callable
 from unmask.errors import CheckpointError
 from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_TYPES, a2d_arch, released as a2d_released
 from unmask.models.base import ArchConfig, DiffusionLM
-from unmask.models.blockdiff import fast_dllm_v2_arch, qwen2_arch, qwen3_arch, sdar_arch
+from unmask.models.blockdiff import fast_dllm_v2_arch, qwen2_arch, qwen2_released, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
 from unmask.models.dream import dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
@@ -64,7 +64,8 @@ FAMILIES = (
     Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,
            "Qwen3 (Qwen/Qwen3-*): autoregressive, the target of a DFlash drafter and the parent of A2D-Qwen3"),
     Family("qwen2", (), ("Qwen2ForCausalLM",), qwen2_arch, QwenModel,
-           "Qwen2 / Qwen2.5 (Qwen/Qwen2.5-Coder-0.5B-Instruct): autoregressive, the parent of A2D-Qwen2"),
+           "Qwen2 / Qwen2.5 (Qwen/Qwen2.5-Coder-0.5B-Instruct): autoregressive, the parent of A2D-Qwen2",
+           released=qwen2_released),
     # renoising block diffusion on the Gemma 4 stack (text only)
     Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,
            DiffusionGemmaModel,
