@@ -84,11 +84,11 @@ def test_unmask_models_lists_the_a2d_layouts():
     assert "dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1" in rows[0][1]
 
 
-def test_the_qwen2_parent_runs_causally_but_a_diffusion_release_in_its_config_is_refused(tmp_path):
+def test_the_qwen2_parent_runs_causally_and_open_dcoder_by_its_name(tmp_path):
     """Qwen2.5-Coder as the AR baseline loads as a causal model; Open-dCoder's release carries an
-    unchanged Qwen2 config, so its name is what tells: refused, never run autoregressively."""
+    unchanged Qwen2 config, so its name is what tells: a masked diffusion model, never causal."""
     ar = LLM(_copy(tmp_path, "ckpt-qwen2", model_type="qwen2", architectures=["Qwen2ForCausalLM"]))
     assert (ar.arch.family, ar.arch.kind) == ("qwen2", "causal")
-    with pytest.raises(CheckpointError, match="'open-dcoder', a diffusion model whose config.json is an autoregressive"):
-        LLM(_copy(tmp_path, "ckpt-qwen2", name="open-dcoder-0.5B", model_type="qwen2",
-                  architectures=["Qwen2ForCausalLM"]))
+    od = LLM(_copy(tmp_path, "ckpt-qwen2", name="open-dcoder-0.5B", model_type="qwen2",
+                   architectures=["Qwen2ForCausalLM"]))
+    assert (od.arch.family, od.arch.kind, od.arch.logit_shift) == ("open_dcoder", "full", 1)

@@ -62,6 +62,7 @@ class CompatMode:
     tiles: ClassVar[bool] = True  # gen_length must be a multiple of block_length, steps of the blocks
     model_keys: ClassVar[tuple[str, ...]] = ()  # its settings a checkpoint's generation_config.json may give
     fields: ClassVar[dict[str, Knob]] = {}  # generation parameters only this reference reads
+    takes_suffix: ClassVar[bool] = False  # its loop decodes a canvas with text after the hole
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -292,6 +293,7 @@ class FastDLLM(CompatMode):
     reference = "the LLaDA sampler of Fast-dLLM v1"
     family = "llada"
     also = ("llada_moe",)
+    takes_suffix = True
     policies = ("fixed", "threshold", "factor")
     caches = ("none", "prefix", "dual")
 
@@ -313,6 +315,7 @@ class LLaDA(CompatMode):
     reference = "the LLaDA sampler"
     family = "llada"
     also = ("llada_moe",)  # LLaDA-MoE's release decodes with LLaDA's generate
+    takes_suffix = True
     policies = ("fixed",)
     caches = ("none",)
     rules = replace(CompatMode.rules, run_all_steps=True)
@@ -323,6 +326,12 @@ class LLaDA(CompatMode):
 
 
 DREAM_ALGS = {"origin": "prob", "maskgit_plus": "prob", "topk_margin": "margin", "entropy": "neg_entropy"}
+OPEN_DCODER_ALGS = (*DREAM_ALGS, "p2")
+# Dream's and Open-dCoder's samplers share their algorithm and timestep floor (one knob each)
+ALG = Knob(None, str, "the sampler's algorithm, with compat dream (origin, maskgit_plus, topk_margin, entropy) or "
+           "open-dcoder (also p2)", choices(OPEN_DCODER_ALGS))
+EPS = Knob(1e-3, float, "Dream's / Open-dCoder's timestep floor, with compat dream or open-dcoder",
+           interval(0, 1, hi_open=True))
 
 
 @register
@@ -333,15 +342,13 @@ class Dream(CompatMode):
     name = "dream"
     reference = "Dream's diffusion_generate"
     family = "dream"
+    takes_suffix = True
     policies = ("fixed",)
     caches = ("none",)
     top_k_top_p = True
     equal_length_prompts = False
     rules = replace(CompatMode.rules, run_all_steps=True)
-    fields: ClassVar[dict] = {
-        "alg": Knob(None, str, "Dream algorithm, with compat dream", choices(tuple(DREAM_ALGS))),
-        "eps": Knob(1e-3, float, "Dream's timestep floor, with compat dream", interval(0, 1, hi_open=True)),
-    }
+    fields: ClassVar[dict] = {"alg": ALG, "eps": EPS}
 
     def resolve(self, p):
         return replace(p, block_length=p.gen_length, alg=p.alg or "origin")
@@ -405,3 +412,30 @@ class OriginPolicy:
         u = torch.full(candidates.shape, 2.0, device=candidates.device)
         u[candidates] = torch.rand(n, generator=generator, device=candidates.device)
         return candidates & (u < frac.to(u.device))
+
+
+@register
+class OpenDCoder(CompatMode):
+    """Open-dCoder's `diffusion_generate` (pengzhangzhi/Open-dLLM,
+    veomni/models/transformers/qwen2/generation_utils.py) on an Open-dCoder checkpoint: the whole
+    canvas as one block, Dream's timesteps, the algorithms origin, maskgit_plus, topk_margin,
+    entropy and p2 (which masks the least confident generated tokens again each step), greedy;
+    infilling as its eval does it (prompt, masks, suffix). Loop: unmask.reference.open_dcoder."""
+
+    name = "open-dcoder"
+    reference = "Open-dCoder's diffusion_generate"
+    family = "open_dcoder"
+    policies = ("fixed",)
+    caches = ("none",)
+    loop = "open-dcoder"
+    takes_suffix = True
+    fields: ClassVar[dict] = {"alg": ALG, "eps": EPS}
+
+    def resolve(self, p):
+        return replace(p, block_length=p.gen_length, alg=p.alg or "entropy")  # MDMGenerationConfig's default
+
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
+                   subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
+        super().check(p, subject)

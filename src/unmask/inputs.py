@@ -120,9 +120,9 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
                 "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
         raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
                           f"{arch.family} model cannot see it: {what}")
-    if params.compat is not None and get_mode(params.compat).loop != "lockstep":
+    if params.compat is not None and not get_mode(params.compat).takes_suffix:
         raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively "
-                          "(or with compat llada, fast-dllm or dream, whose samplers decode any canvas)")
+                          "(or with compat llada, fast-dllm, dream or open-dcoder, whose samplers decode any canvas)")
     bad = [t for t in suffix if not 0 <= t < arch.vocab_size]
     if bad:
         raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")

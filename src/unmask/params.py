@@ -110,8 +110,9 @@ class _Rules:
                                   f"not of cache {p.cache}")
         if p.policy == "budget" and p.confidence == "neg_entropy":
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
-        if p.alg is not None and p.compat != "dream":
-            raise UnmaskError(f"alg {p.alg!r} is a Dream algorithm; use it with compat 'dream'")
+        if p.alg is not None and p.compat not in ("dream", "open-dcoder"):
+            raise UnmaskError(f"alg {p.alg!r} is a Dream / Open-dCoder algorithm; use it with compat 'dream' or "
+                              "'open-dcoder'")
         for name in RENOISE_KNOBS:
             if getattr(p, name) is not None and mode is not None and mode.name != RENOISE_COMPAT:
                 raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler, not of "

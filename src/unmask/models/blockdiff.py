@@ -13,6 +13,8 @@ block-causal attention over blocks of `bd_size` positions (ArchConfig.block_size
   argument of its generate script, released default 4, used here unless config.json sets bd_size.
 """
 
+from dataclasses import dataclass
+
 from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, cfg_flag, cfg_float, cfg_int
 
@@ -93,8 +95,17 @@ def qwen3_arch(cfg: dict) -> ArchConfig:
 
 
 # diffusion models released with an unchanged Qwen2 config (nothing in it says they are not
-# autoregressive): recognised by name, refused until their family is built, never run causally
+# autoregressive): recognised by the release's name, never run causally
 QWEN2_DIFFUSION_RELEASES = ("open-dcoder",)
+
+
+@dataclass(frozen=True)
+class Qwen2Release:
+    """What a diffusion release in the Qwen2 layout keeps that its reference sampler reads:
+    config.json's own pad_token_id (Open-dCoder's sampler masks that id out of attention)."""
+
+    name: str
+    config_pad_id: int | None
 
 
 def qwen2_released(folder) -> dict:
@@ -108,9 +119,14 @@ def qwen2_released(folder) -> dict:
 
 def qwen2_arch(cfg: dict) -> ArchConfig:
     """Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`): autoregressive, run causally (q/k/v biases): the
-    parent of A2D-Qwen2 models and their AR baseline."""
-    if cfg.get("_diffusion_release"):
-        raise CheckpointError(f"this folder holds {cfg['_diffusion_release']!r}, a diffusion model whose config.json is "
-                              "an autoregressive Qwen2's; unmask does not run it yet (it would not run it as "
-                              "autoregressive)")
+    parent of A2D-Qwen2 models and their AR baseline. A folder of Open-dCoder
+    (pengzhangzhi/Open-dLLM, `fredzzp/open-dcoder-0.5B`), whose config.json is Qwen2's unchanged,
+    is that masked diffusion model: bidirectional, hidden state j scoring token j + 1 (Dream's
+    shift), its sampler `compat open-dcoder`."""
+    if cfg.get("_diffusion_release") == "open-dcoder":
+        pad = cfg.get("pad_token_id")
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int)):
+            raise CheckpointError(f"config.json: pad_token_id {pad!r} must be an integer")
+        return qwen_arch(cfg, "open_dcoder", label="Open-dCoder", qkv_bias=True, logit_shift=1,
+                         layout=Qwen2Release("open-dcoder", pad))
     return qwen_arch(cfg, "qwen2", qkv_bias=True, causal=True)

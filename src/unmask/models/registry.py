@@ -64,7 +64,8 @@ FAMILIES = (
     Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,
            "Qwen3 (Qwen/Qwen3-*): autoregressive, the target of a DFlash drafter and the parent of A2D-Qwen3"),
     Family("qwen2", (), ("Qwen2ForCausalLM",), qwen2_arch, QwenModel,
-           "Qwen2 / Qwen2.5 (Qwen/Qwen2.5-Coder-0.5B-Instruct): autoregressive, the parent of A2D-Qwen2",
+           "Qwen2 / Qwen2.5 (Qwen/Qwen2.5-Coder-0.5B-Instruct): autoregressive, the parent of A2D-Qwen2; a folder "
+           "named open-dcoder* (fredzzp/open-dcoder-0.5B) is Open-dCoder: masked diffusion from Qwen2.5-Coder",
            released=qwen2_released),
     # renoising block diffusion on the Gemma 4 stack (text only)
     Family("diffusion_gemma", ("diffusion_gemma",), ("DiffusionGemmaForBlockDiffusion",), diffusion_gemma_arch,

@@ -7,6 +7,7 @@ decoding, which is the request engine's (unmask.engine).
 - llada2.py: LLaDA2.1's `generate` (mask-to-token plus token-to-token editing);
 - diffusion_gemma.py: DiffusionGemma's `generate` (renoising: entropy bound, self-conditioning);
 - dllm.py: dllm's MDLM and BD3LM samplers (its A2D models);
+- open_dcoder.py: Open-dCoder's diffusion_generate (Dream's timesteps; p2 remasks);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 import importlib
@@ -18,12 +19,12 @@ def run_reference(model, tokens, prompts: list[list[int]], params, suffixes: lis
     (unmask.inputs.check_suffix). (Imports are local: params.py imports modes.py from this package.)"""
     from unmask.compat import get_mode
 
-    loop = get_mode(params.compat).loop
-    if suffixes is not None and loop != "lockstep":
-        raise ValueError(f"the {loop} loop takes no suffix")
-    module, name = LOOPS[loop]
+    mode = get_mode(params.compat)
+    if suffixes is not None and not mode.takes_suffix:
+        raise ValueError(f"the {mode.loop} loop takes no suffix")
+    module, name = LOOPS[mode.loop]
     decode = getattr(importlib.import_module(f"unmask.reference.{module}"), name)
-    return decode(model, tokens, prompts, params, *([suffixes] if loop == "lockstep" else []))
+    return decode(model, tokens, prompts, params, *([suffixes] if mode.takes_suffix else []))
 
 
 # a compat mode's `loop` -> (module of this package, its decode function)
@@ -34,4 +35,5 @@ LOOPS = {
     "llada2": ("llada2", "decode_llada2"),
     "dllm-mdlm": ("dllm", "decode_mdlm"),
     "dllm-bd3lm": ("dllm", "decode_bd3lm"),
+    "open-dcoder": ("open_dcoder", "decode_open_dcoder"),
 }
