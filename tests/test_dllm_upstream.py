@@ -96,3 +96,21 @@ def test_the_dllm_modes_refuse_what_they_do_not_reproduce(a2d, bad, message):
 def test_the_dllm_modes_need_an_a2d_model():
     with pytest.raises(UnmaskError, match="dllm-mdlm.*a2d models"):
         LLM().generate(["copy : red"], dict(compat="dllm-mdlm", gen_length=8, block_length=8))
+
+
+INFILL = json.loads((DATA / "infill-cases.json").read_text())
+
+
+@pytest.mark.parametrize("case", range(len(INFILL)))
+def test_compat_dllm_mdlm_infills_as_dllm_does(a2d, case):
+    """MDLMSampler.infill on prompt + masks + suffix (infill-cases.json: rows of unequal lengths,
+    blocks over the whole canvas, sdpa and eager): the hole's tokens and the forwards."""
+    c = INFILL[case]
+    out = _llm(a2d, c["checkpoint"]).generate(c["prompts"], GenerationParams(
+        compat="dllm-mdlm", gen_length=c["holes"][0], block_length=c["block_size"], steps=c["steps"],
+        attn_implementation=c["attn_implementation"]), suffix=c["suffixes"])
+    want = [s[len(p) : len(p) + h] for s, p, h in zip(c["sequences"], c["prompts"], c["holes"])]
+    assert [r.raw_ids for r in out.results] == want
+    assert out.nfe == c["forwards"]
+    for s, p, h, suf in zip(c["sequences"], c["prompts"], c["holes"], c["suffixes"]):
+        assert s[len(p) + h : len(p) + h + len(suf)] == suf  # the suffix is kept

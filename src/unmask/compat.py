@@ -240,6 +240,7 @@ class DllmMDLM(_Dllm):
     reference = "dllm's MDLMSampler"
     caches = ("none",)
     loop = "dllm-mdlm"
+    takes_suffix = True  # MDLMSampler.infill: prompt + masks + suffix
 
 
 @register

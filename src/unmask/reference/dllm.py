@@ -25,6 +25,8 @@ pad id is the end-of-text id (dllm sets pad = eos for tokenizers without a pad),
 padding from the next block on. Decoding stops when every row has written end-of-text in a
 finished block.
 
+Infilling (`decode_mdlm` with suffixes): `MDLMSampler.infill` on prompt + masks + suffix (`_infill`).
+
 `attn_implementation`: the BD3LM sampler hands the model a boolean (B, 1, T, T) mask. With
 transformers' "sdpa" attention (its default, and dllm's) that masks; with "eager" attention the
 boolean is *added* to the attention scores, so every key is attended and the allowed ones get
@@ -87,8 +89,11 @@ def _check(params: GenerationParams, model: DiffusionLM, name: str) -> None:
 
 
 @torch.inference_mode()
-def decode_mdlm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams) -> Decoded:
+def decode_mdlm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
+                suffixes: list[list[int]] | None = None) -> Decoded:
     _check(params, model, "dllm-mdlm")
+    if suffixes is not None:
+        return _infill(model, tokens, prompts, suffixes, params)
     device = next(model.parameters()).device
     mask, G, bs = tokens.mask, params.gen_length, params.block_length
     lens = torch.tensor([len(p) for p in prompts], device=device)
@@ -117,6 +122,38 @@ def decode_mdlm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], 
             commits.append(commit.sum(-1))
             trace.append(ForwardRecord("full", B, T, 0, block=b))
     return _decoded(x, lens.tolist(), G, trace, commits, "none", max(map(len, prompts)))
+
+
+def _infill(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], suffixes: list[list[int]],
+            params: GenerationParams) -> Decoded:
+    """`MDLMSampler.infill` on the canvases prompt + gen_length masks + suffix: rows right-padded
+    with end-of-text to the longest (masked out of attention), blocks of `block_length` over the
+    whole canvas from position 0 (a block without masks costs no forward), ceil(steps / blocks)
+    steps per block, candidates the masks inside the block and the row."""
+    device = next(model.parameters()).device
+    mask, G, bs = tokens.mask, params.gen_length, params.block_length
+    rows = [p + [mask] * G + s for p, s in zip(prompts, suffixes)]
+    lens = torch.tensor([len(r) for r in rows], device=device)
+    B, T = len(rows), max(map(len, rows))
+    x = torch.full((B, T), tokens.eos, dtype=torch.long, device=device)
+    for r, row in enumerate(rows):  # host-side setup, once per batch
+        x[r, : len(row)] = torch.tensor(row, dtype=torch.long, device=device)
+    cols = torch.arange(T, device=device)[None, :]
+    key_mask = cols < lens[:, None]
+    pos = cols.expand(B, -1)
+    num_blocks = math.ceil(T / bs)
+    steps = math.ceil(params.total_steps / num_blocks)
+    trace, commits = [], []
+    for b in range(num_blocks):
+        in_block = (cols >= b * bs) & (cols < torch.clamp(lens, max=min(b * bs + bs, T))[:, None])
+        counts = _schedule((in_block & (x == mask)).sum(-1), steps, device)
+        for i in range(counts.shape[1]):
+            x0, p = _greedy(model(x, pos, None, 0, key_mask))
+            commit = topk_rows(p, (x == mask) & in_block, counts[:, i])
+            x = torch.where(commit, x0, x)
+            commits.append(commit.sum(-1))
+            trace.append(ForwardRecord("full", B, T, 0, block=b))
+    return _decoded(x, [len(p) for p in prompts], G, trace, commits, "none", max(map(len, prompts)))
 
 
 def _bd3lm_mask(valid: torch.Tensor, size: int, width: int, eager: bool) -> torch.Tensor:
