@@ -93,12 +93,10 @@ class HubStandIn:
             parts += ["revision", "main"]
         if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("revision", "tree"):
             repo_id, what, rev = "/".join(parts[2:4]), parts[4], parts[5]
-            repo = self._repo(h, repo_id, authorised)
-            if repo is None:
+            found = self._revision(h, repo_id, rev, authorised)
+            if found is None:
                 return
-            sha = repo.sha(rev)
-            if sha is None:
-                return self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            repo, sha = found
             if what == "revision":
                 body = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.private,
                         "gated": "auto" if repo.gated else False, "siblings": [{"rfilename": f} for f in repo.files]}
@@ -107,12 +105,10 @@ class HubStandIn:
             return self._json(h, body, head)
         if len(parts) >= 5 and parts[2] == "resolve":
             repo_id, rev, file = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
-            repo = self._repo(h, repo_id, authorised)
-            if repo is None:
+            found = self._revision(h, repo_id, rev, authorised)
+            if found is None:
                 return
-            sha = repo.sha(rev)
-            if sha is None:
-                return self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            repo, sha = found
             if repo.gated and not authorised:
                 return self._error(h, 403, "GatedRepo", "Access to this model is restricted")
             if file not in repo.files:
@@ -120,12 +116,17 @@ class HubStandIn:
             return self._file(h, repo, sha, file, head)
         return self._error(h, 404, None, "Not Found")
 
-    def _repo(self, h, repo_id: str, authorised: bool) -> Repo | None:
+    def _revision(self, h, repo_id: str, rev: str, authorised: bool) -> tuple[Repo, str] | None:
+        """The repository and the commit `rev` names, or None with the Hub's error answered."""
         repo = self.repos.get(repo_id)
         if repo is None or (repo.private and not authorised):
             self._error(h, 401, "RepoNotFound", "Repository not found")
             return None
-        return repo
+        sha = repo.sha(rev)
+        if sha is None:
+            self._error(h, 404, "RevisionNotFound", f"Invalid rev id: {rev}")
+            return None
+        return repo, sha
 
     @staticmethod
     def _entry(f: str, data: bytes) -> dict:
