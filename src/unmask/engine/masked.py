@@ -18,8 +18,10 @@ step of the rows the engine runs:
    a step that follows a step without joins or departures reads the host once (its budget and
    forwards sized from what was read ahead).
 
-Greedy output of a request does not depend on what else runs: padding is masked, positions are
-each row's own, and each request samples from its own generator when it has a seed.
+Greedy output of a request does not depend on what else runs, up to rounding: padding is masked,
+positions are each row's own, and each request samples from its own generator when it has a seed.
+The rounding can differ (attention over another padded width, a linear kernel's row count:
+docs/real-models.md, "Reproducible tokens"), and so can a token where two were within it.
 """
 
 import itertools
