@@ -92,3 +92,24 @@ def test_the_qwen2_parent_runs_causally_and_open_dcoder_by_its_name(tmp_path):
     od = LLM(_copy(tmp_path, "ckpt-qwen2", name="open-dcoder-0.5B", model_type="qwen2",
                    architectures=["Qwen2ForCausalLM"]))
     assert (od.arch.family, od.arch.kind, od.arch.logit_shift) == ("open_dcoder", "full", 1)
+
+
+def test_an_autoregressive_model_without_a_mask_token_gets_a_spare_id(tmp_path):
+    """Qwen2.5's tokenizer has no mask token; the AR model's canvas needs a placeholder it never
+    writes: the first id of the embedding no token has (Qwen's padding rows). Without one, refused."""
+    folder = _copy(tmp_path, "ckpt-qwen2", model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["added_tokens"] = [a for a in tok["added_tokens"] if a["content"] != "<|mask|>"]
+    tok["model"]["vocab"].pop("<|mask|>")
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("mask_token")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    llm = LLM(folder)
+    assert llm.token_ids.mask == 319 and llm.arch.kind == "causal"
+    out = llm.generate([[4, 5, 6, 7]], dict(gen_length=8))
+    assert len(out.results[0].raw_ids) == 8 and 319 not in out.results[0].raw_ids
+    tok["model"]["vocab"]["w_extra"] = 319
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(CheckpointError, match="no mask token, and the tokenizer uses every id"):
+        LLM(folder)

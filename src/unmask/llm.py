@@ -152,15 +152,29 @@ class LLM:
         if getattr(self, "draft_path", None) is not None:
             self._load_drafter(dtype, device)
         draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id
+        causal = self.arch.kind == "causal"
         self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer,
-                                                     needs_mask=self.arch.kind != "renoise" and draft_mask is None)
+                                                     needs_mask=not causal and self.arch.kind != "renoise"
+                                                     and draft_mask is None)
         if self.token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
             self.token_ids = replace(self.token_ids, mask=draft_mask)
+        elif self.token_ids.mask is None and causal:  # an AR model's canvas needs a placeholder it never writes
+            self.token_ids = replace(self.token_ids, mask=self._spare_id())
         check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
         try:  # the decoding settings a checkpoint recommends must themselves be valid
             check_fields(self.generation_defaults)
         except UnmaskError as e:
             raise CheckpointError(f"{gen_path}: {e}") from None
+
+    def _spare_id(self) -> int:
+        """An id of the embedding that no token of the tokenizer has (Qwen's padding rows): the
+        placeholder of an autoregressive model's not-yet-written positions, which the proposal
+        never picks. A model whose tokenizer fills its whole vocabulary is refused by name."""
+        spare = max(self.tokenizer.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        if spare >= self.arch.vocab_size:
+            raise CheckpointError(f"{self.path}: no mask token, and the tokenizer uses every id of the model's "
+                                  f"vocabulary of {self.arch.vocab_size}: unmask needs one id the model never writes")
+        return spare
 
     @classmethod
     def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds, drafter=None) -> "LLM":
