@@ -167,6 +167,42 @@ def worker(folder: str, quantize: str | None, kind: str, batches: list[int], sch
     return out
 
 
+KIND_TEXT = {"full": "masked, full attention", "block": "block diffusion (32)", "causal": "autoregressive"}
+
+
+def params_b(name: str) -> float:
+    """Parameters of the release's shape, in billions (tied embeddings counted once)."""
+    from unmask.models.registry import resolve_family
+
+    base, model_type, arch, _ = MODELS[name]
+    cfg = {**base, "model_type": model_type, "architectures": [arch]}
+    return resolve_family(cfg).arch(cfg).num_parameters() / 1e9
+
+
+def readme_rows(result: dict) -> list[str]:
+    """The README's rows ("Models that run on a laptop"), from the JSON: per model, float32 load
+    time and memory, tokens/s at batch 1 (1 / 2 / 4 tokens per forward; 1 for an AR model) and at
+    batch 8 (4 per forward; 1 for AR), and the same two at int8."""
+    rows = []
+    for name in MODELS:
+        f, q = result["rows"].get(f"{name} float32"), result["rows"].get(f"{name} int8")
+        if f is None or q is None:
+            continue
+
+        def tps(row, batch, k):
+            return next(r["tokens_per_s"] for r in row["runs"] if r["task"] == "answer" and r["batch"] == batch
+                        and r["tokens_per_forward"] == k)
+
+        causal = f["kind"] == "causal"
+        b1 = f"{tps(f, 1, 1):.1f}" if causal else " / ".join(f"{tps(f, 1, k):.1f}" for k in (1, 2, 4))
+        k = 1 if causal else 4
+        org = "dllm-hub/" if "diffusion" in name else "Qwen/"
+        rows.append(f"| `{org}{name}` | {params_b(name):.2f} B | {KIND_TEXT[f['kind']]} | {f['load_s']:.0f} s, "
+                    f"{f['rss_after_load_mb'] / 1024:.1f} GB | {b1} | {tps(f, 8, k):.1f} | "
+                    f"{tps(q, 1, k):.1f} / {tps(q, 8, k):.1f} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default="/tmp/unmask-laptop-models", help="where the random-weight folders are written")

@@ -26,10 +26,18 @@ def _signed(x: float) -> str:
     return f"{100 * x:+.1f}".replace("-", "−")
 
 
+def _section(title: str) -> list[str]:
+    """The README's lines under `## title`, up to the next section."""
+    lines = README.splitlines()
+    start = lines.index(f"## {title}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start + 1 : end]
+
+
 def test_results_table_matches_its_json():
     report = json.loads((ROOT / "benchmarks/results/splits/report.json").read_text())
     by_label = {r["label"]: r for r in report["results"]}
-    rows = [line for line in README.splitlines() if line.startswith("| ") and "|---" not in line][1:]
+    rows = [line for line in _section("Results") if line.startswith("| ") and "|---" not in line][1:]
     assert len(rows) == 6
     labels = ["fixed=1 none blk8 b1", "threshold=0.9 dual blk24 b1", "AR twin b1",
               "fixed=1 none blk8 b8", "threshold=0.9 dual blk24 b8", "AR twin b8"]
@@ -48,3 +56,18 @@ def test_results_table_matches_its_json():
         assert cells[4] == f"{r['nfe_per_request']:.1f}", (label, cells[4])
         assert cells[5] == f"{r['tokens_per_s']:.0f}", (label, cells[5])
     assert report["context"]["commit"].startswith("334b4c6") and "commit 334b4c6" in README
+
+
+def test_laptop_table_matches_its_json():
+    """"Models that run on a laptop": each row as benchmarks/laptop_models.py renders it from its JSON."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import laptop_models
+    finally:
+        sys.path.pop(0)
+    result = json.loads((ROOT / "benchmarks/results/laptop_models_cpu.json").read_text())
+    rows = [line for line in _section("Models that run on a laptop") if line.startswith("| `")]
+    assert rows == laptop_models.readme_rows(result)
+    assert len(rows) == 6
