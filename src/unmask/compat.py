@@ -212,8 +212,9 @@ ATTN_IMPLEMENTATION = Knob(None, str, "compat dllm-mdlm / dllm-bd3lm: the attent
 
 
 class _Dllm(CompatMode):
-    """What dllm's two samplers share: greedy, low-confidence remasking, dllm's linear schedule
-    (total steps spread as ceil(steps / blocks) per block), any gen_length and block_length."""
+    """What dllm's two samplers share: Gumbel sampling at a temperature (greedy at 0; the seed is
+    the `torch.manual_seed` before the call), low-confidence or random remasking, dllm's linear
+    schedule (total steps spread as ceil(steps / blocks) per block), any gen_length and block_length."""
 
     family = "a2d"
     policies = ("fixed",)
@@ -223,12 +224,6 @@ class _Dllm(CompatMode):
 
     def resolve(self, p):
         return replace(p, attn_implementation=p.attn_implementation or "sdpa")
-
-    def check(self, p, subject=None):
-        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
-                   subject)
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
-        super().check(p, subject)
 
 
 @register

@@ -1,7 +1,7 @@
 """dllm's MDLM and BD3LM samplers (ZHZisZZ/dllm `dllm/core/samplers/{mdlm,bd3lm}.py`, with their
 default LinearAlphaScheduler and `get_num_transfer_tokens`), reproduced token for token and forward
-for forward (`compat dllm-mdlm`, `compat dllm-bd3lm`), greedy (temperature 0, low-confidence
-remasking), on dllm's A2D models. Checked against what dllm's own code returned
+for forward (`compat dllm-mdlm`, `compat dllm-bd3lm`), on dllm's A2D models: greedy or sampled
+(Gumbel noise at a temperature, with a seed), low-confidence or random remasking. Checked against what dllm's own code returned
 (tests/test_dllm_upstream.py).
 
 The schedule (`transfer_counts`): a block of n masks decoded in S steps commits, at step j,
@@ -76,10 +76,25 @@ def _schedule(masks: torch.Tensor, steps: int, device) -> torch.Tensor:
                                                                                                              width)
 
 
-def _greedy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """argmax and its softmax probability, as the samplers compute them (the full softmax)."""
-    x0 = logits.argmax(-1)
+def _propose(logits: torch.Tensor, params: GenerationParams, gen: torch.Generator | None) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """The samplers' token and score: `add_gumbel_noise` (float64 uniforms over the whole logits
+    tensor, exp(logits) / (-log u) ** temperature; nothing drawn at temperature 0), then the
+    argmax's softmax probability (low_confidence) or a float32 uniform per position (random)."""
+    if params.temperature > 0:
+        wide = logits.to(torch.float64)
+        u = torch.rand(wide.shape, dtype=torch.float64, generator=gen, device=logits.device)
+        x0 = (wide.exp() / (-torch.log(u)) ** params.temperature).argmax(-1)
+    else:
+        x0 = logits.argmax(-1)
+    if params.remasking == "random":
+        return x0, torch.rand(x0.shape, generator=gen, device=logits.device)
     return x0, torch.softmax(logits, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+
+
+def _generator(params: GenerationParams, device) -> torch.Generator | None:
+    """The batch's generator: seeded as `torch.manual_seed(seed)` seeds the samplers' draws."""
+    return torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
 
 
 def _check(params: GenerationParams, model: DiffusionLM, name: str) -> None:
@@ -107,6 +122,7 @@ def decode_mdlm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], 
     pos = cols.expand(B, -1)
     num_blocks = math.ceil(G / bs)
     steps = math.ceil(params.total_steps / num_blocks)
+    gen = _generator(params, device)
     trace, commits = [], []
     for b in range(num_blocks):
         start = lens + b * bs
@@ -114,8 +130,7 @@ def decode_mdlm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], 
         in_block = (cols >= start[:, None]) & (cols < end[:, None])
         counts = _schedule((in_block & (x == mask)).sum(-1), steps, device)
         for i in range(counts.shape[1]):
-            logits = model(x, pos, None, 0, key_mask)
-            x0, p = _greedy(logits)
+            x0, p = _propose(model(x, pos, None, 0, key_mask), params, gen)
             cand = (x == mask) & (cols < (lens + (b + 1) * bs)[:, None])
             commit = topk_rows(p, cand, counts[:, i])
             x = torch.where(commit, x0, x)
@@ -143,12 +158,13 @@ def _infill(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], suff
     pos = cols.expand(B, -1)
     num_blocks = math.ceil(T / bs)
     steps = math.ceil(params.total_steps / num_blocks)
+    gen = _generator(params, device)
     trace, commits = [], []
     for b in range(num_blocks):
         in_block = (cols >= b * bs) & (cols < torch.clamp(lens, max=min(b * bs + bs, T))[:, None])
         counts = _schedule((in_block & (x == mask)).sum(-1), steps, device)
         for i in range(counts.shape[1]):
-            x0, p = _greedy(model(x, pos, None, 0, key_mask))
+            x0, p = _propose(model(x, pos, None, 0, key_mask), params, gen)
             commit = topk_rows(p, (x == mask) & in_block, counts[:, i])
             x = torch.where(commit, x0, x)
             commits.append(commit.sum(-1))
@@ -193,6 +209,7 @@ def decode_bd3lm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]],
     kv = StaticKV(model.config.num_layers, width)
     num_blocks = math.ceil(G / bs)
     steps = math.ceil(params.total_steps / num_blocks)
+    gen = _generator(params, device)
     trace, commits = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     end = P
@@ -215,7 +232,7 @@ def decode_bd3lm(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]],
             open_ = x[:, start:end] == mask
             if not bool(open_.any()):
                 break
-            x0, p = _greedy(model(x[:, start:end], pos, kv, start, None, None, attn_mask=attn))
+            x0, p = _propose(model(x[:, start:end], pos, kv, start, None, None, attn_mask=attn), params, gen)
             commit = topk_rows(p, open_, torch.minimum(counts[:, i], open_.sum(-1)))
             x[:, start:end] = torch.where(commit, x0, x[:, start:end])
             commits.append(commit.sum(-1))
