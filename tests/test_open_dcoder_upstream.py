@@ -74,7 +74,7 @@ def test_p2_masks_committed_tokens_again(models):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(temperature=0.5), "temperature 0.5"),
+    (dict(remasking="random"), "remasking 'random'"),
     (dict(alg="p3"), "alg 'p3'"),
     (dict(policy="threshold"), "policy 'threshold'"),
 ])
@@ -91,6 +91,27 @@ def test_rows_of_one_length(models):
                                              suffix=[[7, 8], [9]])
 
 
-def test_alg_belongs_to_dream_and_open_dcoder():
+def test_a_reference_setting_needs_its_reference():
     with pytest.raises(UnmaskError, match="alg 'p2' is a Dream / Open-dCoder algorithm"):
         LLM().generate(["copy : red"], dict(gen_length=8, block_length=8, alg="p2"))
+    with pytest.raises(UnmaskError, match="alg_temp 0.5 is a setting of compat open-dcoder"):
+        LLM().generate(["copy : red"], dict(gen_length=8, block_length=8, alg_temp=0.5))
+    with pytest.raises(UnmaskError, match="attn_implementation 'eager' is a setting of compat dllm-mdlm / dllm-bd3lm"):
+        LLM().generate(["copy : red"], dict(gen_length=8, block_length=8, attn_implementation="eager"))
+
+
+SAMPLED = json.loads((DATA / "sampled-cases.json").read_text())
+
+
+@pytest.mark.parametrize("case", range(len(SAMPLED)))
+def test_compat_open_dcoder_samples_as_open_dcoder_does(models, case):
+    """Its recipes with sampling (sample.py's p2 at temperature 0.5 with top_k and alg_temp 0.5,
+    the README's maskgit_plus at 0.7, top_p, Gumbel position choice), seeded as
+    `torch.manual_seed(seed)` before its call (sampled-cases.json)."""
+    c = SAMPLED[case]
+    out = models[c["checkpoint"]].generate(c["prompts"], GenerationParams(
+        compat="open-dcoder", gen_length=c["gen_length"], steps=c["steps"], alg=c["alg"], seed=c["seed"],
+        temperature=c["temperature"], top_p=c["top_p"], top_k=c["top_k"], alg_temp=c["alg_temp"]),
+        suffix=c["suffixes"])
+    assert [r.raw_ids for r in out.results] == _want(c)
+    assert out.nfe == c["forwards"]

@@ -415,8 +415,9 @@ class OpenDCoder(CompatMode):
     """Open-dCoder's `diffusion_generate` (pengzhangzhi/Open-dLLM,
     veomni/models/transformers/qwen2/generation_utils.py) on an Open-dCoder checkpoint: the whole
     canvas as one block, Dream's timesteps, the algorithms origin, maskgit_plus, topk_margin,
-    entropy and p2 (which masks the least confident generated tokens again each step), greedy;
-    infilling as its eval does it (prompt, masks, suffix). Loop: unmask.reference.open_dcoder."""
+    entropy and p2 (which masks the least confident generated tokens again each step), greedy or
+    sampled (temperature, top_p, top_k, alg_temp); infilling as its eval does it (prompt, masks,
+    suffix). Loop: unmask.reference.open_dcoder."""
 
     name = "open-dcoder"
     reference = "Open-dCoder's diffusion_generate"
@@ -425,13 +426,14 @@ class OpenDCoder(CompatMode):
     caches = ("none",)
     loop = "open-dcoder"
     takes_suffix = True
-    fields: ClassVar[dict] = {"alg": ALG, "eps": EPS}
+    top_k_top_p = True
+    fields: ClassVar[dict] = {"alg": ALG, "eps": EPS, "alg_temp": Knob(
+        None, float, "compat open-dcoder: Gumbel temperature of the positions maskgit_plus, topk_margin and entropy "
+        "pick (0: the most confident)", NON_NEGATIVE)}
 
     def resolve(self, p):
         return replace(p, block_length=p.gen_length, alg=p.alg or "entropy")  # MDMGenerationConfig's default
 
     def check(self, p, subject=None):
-        self._need(p, p.temperature == 0, f"temperature {p.temperature} (it is reproduced for greedy decoding)",
-                   subject)
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r}", subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (set alg)", subject)
         super().check(p, subject)

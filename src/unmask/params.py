@@ -113,6 +113,10 @@ class _Rules:
         if p.alg is not None and p.compat not in ("dream", "open-dcoder"):
             raise UnmaskError(f"alg {p.alg!r} is a Dream / Open-dCoder algorithm; use it with compat 'dream' or "
                               "'open-dcoder'")
+        for name, owners in _MODE_KNOBS.items():  # a reference's own setting needs that reference
+            value = getattr(p, name)
+            if value != PARAM_FIELDS[name].default and p.compat not in owners and name != "alg":
+                raise UnmaskError(f"{name} {value!r} is a setting of compat {' / '.join(owners)}", param=name)
         for name in RENOISE_KNOBS:
             if getattr(p, name) is not None and mode is not None and mode.name != RENOISE_COMPAT:
                 raise UnmaskError(f"{name} {getattr(p, name)} is a setting of DiffusionGemma's sampler, not of "
@@ -140,6 +144,9 @@ _CACHE_OF = {k: n for n, c in CACHES.items() for k in c.knobs
 # bound (the entropy policy's knob)
 RENOISE_COMPAT = "diffusion-gemma"  # the reference loop a renoising model decodes with
 RENOISE_KNOBS = tuple(get_mode(RENOISE_COMPAT).fields)
+# the settings only some reference modes read (a renoising model's are its native sampler's too): name -> modes
+_MODE_KNOBS = {k: tuple(n for n, m in COMPAT_MODES.items() if k in m.fields)
+               for m in COMPAT_MODES.values() for k in m.fields if k not in RENOISE_KNOBS}
 # what differs between requests without changing how their rows are proposed and committed
 _PER_REQUEST = ("gen_length", "steps", "seed")
 

@@ -1,7 +1,8 @@
 """Open-dCoder's `diffusion_generate` (pengzhangzhi/Open-dLLM,
 veomni/models/transformers/qwen2/generation_utils.py, `MDMGenerationMixin._mdm_sample`),
-reproduced token for token and forward for forward (`compat open-dcoder`), greedy, on its Qwen2
-model run as it runs it. Checked against what its own code returned
+reproduced token for token and forward for forward (`compat open-dcoder`), on its Qwen2 model run
+as it runs it, greedy or sampled (temperature, top_p, top_k, alg_temp; the seed stands
+for the `torch.manual_seed` before the call). Checked against what its own code returned
 (tests/test_open_dcoder_upstream.py).
 
 The canvas is each prompt, gen_length masks and (infilling, as its eval does it) the suffix; the
@@ -12,7 +13,8 @@ scores token j + 1; the first keeps its own), and stops early once no mask is le
   mask in row-major order, the argmax token;
 - maskgit_plus / topk_margin / entropy: per row, floor(masks * (1 - s/t)) masks (all on the last
   step) with the highest confidence (the argmax's probability, the top-two margin, or the
-  negative entropy with probabilities clamped at 1e-10), one torch.topk over the batch;
+  negative entropy with probabilities clamped at 1e-10), one torch.topk over the batch (with
+  `alg_temp`, over the confidences divided by it plus Gumbel noise);
 - p2: every generated position gets the argmax at every step, then the floor(n * (1 - (i+1)/steps))
   least confident of the n generated positions are masked again (one torch.argsort over the
   canvas, the prompt and suffix at +inf).
@@ -31,16 +33,47 @@ from unmask.params import GenerationParams
 from unmask.trace import Decoded, ForwardRecord
 
 
-def _sample(logits: torch.Tensor, alg: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sampler's `sample_tokens` at temperature 0: (confidence, token)."""
+def _sample(logits: torch.Tensor, alg: str, p: GenerationParams | None = None,
+            gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's `sample_tokens`: (confidence, token). With a temperature the logits are divided
+    by it, filtered to top_p then top_k (the rest at the float32 minimum), and the token drawn as
+    torch.distributions.Categorical draws it (one multinomial over the normalised rows); the
+    confidence is read from those tempered, filtered probabilities."""
+    if p is not None and p.temperature > 0:
+        logits = logits / p.temperature
+    if p is not None and p.top_p is not None and p.top_p < 1:
+        logits = _top_p(logits, p.top_p)
+    if p is not None and p.top_k is not None:
+        logits = _top_k(logits, p.top_k)
     probs = torch.softmax(logits.float(), dim=-1)
-    confidence, x0 = probs.max(dim=-1)
+    if p is not None and p.temperature > 0:
+        flat = (probs / probs.sum(-1, keepdim=True)).reshape(-1, probs.shape[-1])
+        x0 = torch.multinomial(flat, 1, True, generator=gen).T.reshape(probs.shape[:-1])
+        confidence = probs.gather(-1, x0[..., None]).squeeze(-1)
+    else:
+        confidence, x0 = probs.max(dim=-1)
     if alg == "topk_margin":
         top = torch.sort(probs, dim=-1, descending=True).values
         confidence = top[..., 0] - top[..., 1]
     elif alg == "entropy":
         confidence = (probs * torch.log(probs.clamp(min=1e-10))).sum(dim=-1)
     return confidence, x0
+
+
+def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    ordered, order = torch.sort(logits, descending=True)
+    drop = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) > top_p
+    drop[..., 1:] = drop[..., :-1].clone()
+    drop[..., 0] = 0
+    drop = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, drop)
+    return logits.masked_fill(drop, torch.finfo(logits.dtype).min)
+
+
+def _top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    if top_k == 0:
+        return logits
+    top_k = min(top_k, logits.size(-1))
+    return logits.masked_fill(logits < torch.topk(logits, top_k)[0][..., -1, None], torch.finfo(logits.dtype).min)
 
 
 def _attention(model: DiffusionLM, x: torch.Tensor) -> torch.Tensor | None:
@@ -88,11 +121,10 @@ def decode_open_dcoder(model: DiffusionLM, tokens: TokenIds, prompts: list[list[
             p_transfer = 1 - s / t if i < steps - 1 else 1
             picked = torch.full((int(mask_index.sum()),), mask, dtype=torch.long, device=device)
             transfer = torch.rand(picked.shape, generator=gen, device=device) < p_transfer
-            picked[transfer] = _sample(logits[mask_index][transfer], alg)[1]
+            picked[transfer] = _sample(logits[mask_index][transfer], alg, params, gen)[1]
             x[mask_index] = picked
         elif alg == "p2":
-            conf, x0 = _sample(logits, alg)
-            conf = conf.clone()
+            conf, x0 = _sample(logits, alg, params, gen)
             conf[fix] = float("inf")
             conf = torch.where(torch.isfinite(conf), conf, torch.full_like(conf, float("inf")))
             n = (~fix).sum(dim=1)
@@ -107,7 +139,7 @@ def decode_open_dcoder(model: DiffusionLM, tokens: TokenIds, prompts: list[list[
             fill = mask_index & ~to_mask
             x[fill] = x0[fill]
         else:  # maskgit_plus, topk_margin, entropy
-            conf, x0 = _sample(logits[mask_index], alg)
+            conf, x0 = _sample(logits[mask_index], alg, params, gen)
             count = mask_index.sum(dim=1)
             if i < steps - 1:
                 count = (count.float() * (1 - s / t)).long()
@@ -115,6 +147,9 @@ def decode_open_dcoder(model: DiffusionLM, tokens: TokenIds, prompts: list[list[
             full[mask_index] = conf.to(logits.dtype)
             k = int(count.max())
             if k > 0:
+                if params.alg_temp:  # Gumbel top-k over the positions
+                    u = torch.rand(full.shape, generator=gen, device=device).clamp_(min=1e-20, max=1 - 1e-20)
+                    full = full / params.alg_temp - torch.log(-torch.log(u))
                 idx = torch.topk(full, k, dim=1).indices
                 keep = torch.arange(k, device=device)[None] < count[:, None]
                 proposed = torch.full_like(x, mask)
