@@ -113,3 +113,18 @@ def test_an_autoregressive_model_without_a_mask_token_gets_a_spare_id(tmp_path):
     (folder / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(CheckpointError, match="no mask token, and the tokenizer uses every id"):
         LLM(folder)
+
+
+def test_the_chat_template_renders_as_dllm_renders_it(tmp_path):
+    """dllm renders an A2D Qwen model's chat template with enable_thinking false (the empty think
+    block the Tiny-A2D models were trained after, and their cards' advice); other families don't."""
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and "
+                "enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    folder = _copy(tmp_path)
+    (folder / "chat_template.jinja").write_text(template)
+    text = LLM(folder).tokenizer.apply_chat_template([{"role": "user", "content": "w1"}])
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    ar = _copy(tmp_path, "ckpt-qwen3", name="ar", model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+    (ar / "chat_template.jinja").write_text(template)
+    assert LLM(ar).tokenizer.apply_chat_template([{"role": "user", "content": "w1"}]).endswith("assistant\n")

@@ -149,6 +149,10 @@ class LLM:
         if not isinstance(self.generation_config, dict):
             raise CheckpointError(f"{gen_path} must hold a JSON object")
         self.tokenizer = Tokenizer.from_dir(self.path)
+        if self.arch.family == "a2d":  # rendered as dllm renders it
+            from unmask.models.a2d import TEMPLATE_VARS
+
+            self.tokenizer.template_vars = dict(TEMPLATE_VARS)
         if getattr(self, "draft_path", None) is not None:
             self._load_drafter(dtype, device)
         draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id

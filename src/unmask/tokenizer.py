@@ -38,6 +38,9 @@ class Tokenizer:
         self.tok = tok
         self.config = config
         self.chat_template = chat_template
+        # variables a model family's own pipeline renders its template with (dllm's A2D Qwen3:
+        # enable_thinking false, the empty think block it was trained after)
+        self.template_vars: dict = {}
         self._template = None
         self._longest: int | None = None
 
@@ -126,7 +129,7 @@ class Tokenizer:
                 env.globals["raise_exception"] = _raise
                 self._template = env.from_string(self.chat_template)
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                         **specials)
+                                         **specials, **self.template_vars)
         except jinja2.exceptions.TemplateError as e:
             raise CheckpointError(f"the checkpoint's chat template failed: {e}") from None
 

@@ -26,6 +26,9 @@ from unmask.errors import CheckpointError
 from unmask.models.base import ArchConfig, cfg_flag, cfg_int
 from unmask.models.blockdiff import qwen_arch
 
+# how dllm renders an A2D model's chat template (dllm.utils.get_tokenizer: for the Qwen bases,
+# enable_thinking false unless asked; the model cards recommend it)
+TEMPLATE_VARS = {"enable_thinking": False}
 # dllm-hub's BD3LM releases and the block they were trained with (examples/a2d/bd3lm: block_size 32)
 RELEASES = {"Qwen3-0.6B-diffusion-bd3lm-v0.1": 32, "Qwen2.5-Coder-0.5B-Instruct-diffusion-bd3lm-v0.1": 32}
 BASES = {"a2d-qwen2": "Qwen2", "a2d-qwen3": "Qwen3", "a2d-llama": "Llama"}
