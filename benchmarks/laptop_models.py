@@ -121,7 +121,8 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def worker(folder: str, quantize: str | None, kind: str, batches: list[int], schedules: list[int]) -> dict:
+def worker(folder: str, quantize: str | None, kind: str, batches: list[int], schedules: list[int],
+           block: int = 32) -> dict:
     import torch
 
     from unmask import LLM
@@ -140,7 +141,7 @@ def worker(folder: str, quantize: str | None, kind: str, batches: list[int], sch
                 gen = GEN if task == "answer" else HOLE
                 given = dict(gen_length=gen, early_stop=False)
                 if kind != "causal":
-                    given.update(policy="fixed", steps=gen // k, block_length=32,
+                    given.update(policy="fixed", steps=gen // k, block_length=block,
                                  cache="exact" if kind == "block" else "dual")
                 params = llm.default_params(**given)
                 if task == "answer":
@@ -211,19 +212,22 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,int8")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--schedules", default="1,2,4", help="tokens per forward of the diffusion models' fixed schedule")
+    ap.add_argument("--block-length", type=int, default=32,
+                    help="the denoising window (a block, or a sub-block of a block model's 32); the table's is 32")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
     batches, schedules = [int(x) for x in a.batches.split(",")], [int(x) for x in a.schedules.split(",")]
     if a.worker:
         folder, quantize, kind = a.worker
-        print(json.dumps(worker(folder, None if quantize == "float32" else quantize, kind, batches, schedules)))
+        print(json.dumps(worker(folder, None if quantize == "float32" else quantize, kind, batches, schedules,
+                                a.block_length)))
         return
     from unmask.bench.runner import context
     from unmask.files import write_json_atomic
 
     out_path = Path(a.out)
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
-    result["context"] = {**context(), "setup": __doc__.split("\n\n")[1:3]}
+    result["context"] = {**context(), "setup": __doc__.split("\n\n")[1:3], "block_length": a.block_length}
     result.setdefault("rows", {})
     root = Path(a.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -235,7 +239,8 @@ def main() -> None:
                 continue
             print(f"== {key}", file=sys.stderr, flush=True)
             run = subprocess.run([sys.executable, __file__, "--worker", str(folder), dtype, MODELS[name][3],
-                                  "--batches", a.batches, "--schedules", a.schedules],
+                                  "--batches", a.batches, "--schedules", a.schedules, "--block-length",
+                                  str(a.block_length)],
                                  stdout=subprocess.PIPE, text=True)
             if run.returncode:
                 raise SystemExit(f"{key}: the worker failed ({run.returncode})")
