@@ -10,7 +10,8 @@ released layouts, bfloat16 storage as released, loaded as float32 or int8):
 Random weights cannot show how many tokens a confident model commits per forward, so the
 diffusion models run a fixed schedule of 1, 2 and 4 tokens per forward (`steps` = gen / k); the
 AR models one. Per model, dtype, batch (1, 8) and schedule:
-  - load: seconds of `LLM(folder)` (reading, converting, kernel choice), resident memory after it;
+  - load: seconds of `LLM(folder)` (reading, converting, kernel choice), resident memory after it
+    (`rss_loaded_mb`: after the allocator returned the load's freed scratch; `rss_after_load_mb`: before);
   - answer: a 256-token prompt, 128 generated tokens (blocks of 32);
   - infill: 96 tokens before and 96 after a 32-token hole (full-attention and AR models);
   - ttft_s: the first forward (the prompt and the first commit, all rows joining together);
@@ -114,6 +115,20 @@ def write_folder(root: Path, name: str) -> Path:
     return folder
 
 
+def trimmed_rss_mb() -> float:
+    """Resident memory after the C allocator returned what it holds free (glibc's malloc_trim):
+    what the loaded model occupies, without the load's freed scratch still counted."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+    return rss_mb()
+
+
 def rss_mb() -> float:
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
@@ -129,7 +144,10 @@ def worker(folder: str, quantize: str | None, kind: str, batches: list[int], sch
 
     t0 = time.perf_counter()
     llm = LLM(folder, quantize=quantize)
-    out = {"load_s": round(time.perf_counter() - t0, 2), "rss_after_load_mb": round(rss_mb()), "runs": []}
+    out = {"load_s": round(time.perf_counter() - t0, 2), "rss_after_load_mb": round(rss_mb()),
+           "rss_loaded_mb": round(trimmed_rss_mb()), "runs": []}
+    if not batches:  # --batches none: load time and memory only
+        return out
     g = torch.Generator().manual_seed(0)
     ids = lambda n, b: torch.randint(1, 1000, (b, n), generator=g).tolist()  # noqa: E731 (ordinary words)
     # infilling: the full-attention models (text on both sides) and the coder, prefix-suffix-middle
@@ -199,7 +217,7 @@ def readme_rows(result: dict) -> list[str]:
         k = 1 if causal else 4
         org = "dllm-hub/" if "diffusion" in name else "Qwen/"
         rows.append(f"| `{org}{name}` | {params_b(name):.2f} B | {KIND_TEXT[f['kind']]} | {f['load_s']:.0f} s, "
-                    f"{f['rss_after_load_mb'] / 1024:.1f} GB | {b1} | {tps(f, 8, k):.1f} | "
+                    f"{f['rss_loaded_mb'] / 1024:.1f} GB | {b1} | {tps(f, 8, k):.1f} | "
                     f"{tps(q, 1, k):.1f} / {tps(q, 8, k):.1f} |")
     return rows
 
@@ -210,13 +228,14 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/laptop_models_cpu.json")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--dtypes", default="float32,int8")
-    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--batches", default="1,8", help="'none': only load each model and measure its memory")
     ap.add_argument("--schedules", default="1,2,4", help="tokens per forward of the diffusion models' fixed schedule")
     ap.add_argument("--block-length", type=int, default=32,
                     help="the denoising window (a block, or a sub-block of a block model's 32); the table's is 32")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    batches, schedules = [int(x) for x in a.batches.split(",")], [int(x) for x in a.schedules.split(",")]
+    batches = [] if a.batches == "none" else [int(x) for x in a.batches.split(",")]
+    schedules = [int(x) for x in a.schedules.split(",")]
     if a.worker:
         folder, quantize, kind = a.worker
         print(json.dumps(worker(folder, None if quantize == "float32" else quantize, kind, batches, schedules,
@@ -235,7 +254,7 @@ def main() -> None:
         folder = write_folder(root, name)
         for dtype in a.dtypes.split(","):
             key = f"{name} {dtype}"
-            if key in result["rows"]:
+            if key in result["rows"] and (batches or "rss_loaded_mb" in result["rows"][key]):
                 continue
             print(f"== {key}", file=sys.stderr, flush=True)
             run = subprocess.run([sys.executable, __file__, "--worker", str(folder), dtype, MODELS[name][3],
@@ -244,8 +263,12 @@ def main() -> None:
                                  stdout=subprocess.PIPE, text=True)
             if run.returncode:
                 raise SystemExit(f"{key}: the worker failed ({run.returncode})")
-            result["rows"][key] = {"model": name, "dtype": dtype, "kind": MODELS[name][3],
-                                   "parameters": None, **json.loads(run.stdout.strip().splitlines()[-1])}
+            got = json.loads(run.stdout.strip().splitlines()[-1])
+            if not batches:  # a load-only pass adds the load's figures to what was measured
+                result["rows"][key].update(load_s_again=got["load_s"], rss_loaded_mb=got["rss_loaded_mb"])
+            else:
+                result["rows"][key] = {"model": name, "dtype": dtype, "kind": MODELS[name][3],
+                                       "parameters_b": round(params_b(name), 3), **got}
             write_json_atomic(out_path, result)
     print(json.dumps(result["rows"], indent=1))
 
