@@ -253,6 +253,39 @@ class DllmBD3LM(_Dllm):
         return replace(super().resolve(p), cache="exact" if p.cache == "none" else p.cache)
 
 
+@register
+class BD3LMs(CompatMode):
+    """The BD3-LM repository's sampler (kuleshov-group/bd3lms `Diffusion._semi_ar_sampler`) on an
+    MDLM or BD3-LM checkpoint: sequences from BOS (a prompt, if any, after it), in strides of the
+    model's block (MDLM: one), `steps` per stride (its T; default 5000, as its generation scripts),
+    first-hitting or DDPM updates, `top_p` as its nucleus_p, sampling at temperature 1 (it has no
+    other), seed the torch.manual_seed before the call. Loop: unmask.reference.bd3lms."""
+
+    name = "bd3lms"
+    reference = "BD3-LM's semi-AR sampler (kuleshov-group/bd3lms)"
+    family = "bd3lm"
+    also = ("mdlm",)
+    policies = ("fixed",)
+    caches = ("none",)
+    loop = "bd3lms"
+    tiles = False  # strides of the model's own block, checked by the loop against the canvas
+    top_k_top_p = True
+    fields: ClassVar[dict] = {"first_hitting": Knob(
+        None, bool, "compat bd3lms: commit one uniformly chosen mask per forward (the reference's default, true), "
+        "or false: its DDPM update over `steps` timesteps")}
+
+    def resolve(self, p):
+        first = True if p.first_hitting is None else p.first_hitting
+        return replace(p, first_hitting=first, temperature=1.0 if p.temperature == 0 else p.temperature)
+
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
+        self._need(p, p.top_k is None, f"top_k {p.top_k} (its nucleus is top_p)", subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
+                   subject)
+        super().check(p, subject)
+
+
 def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """torch.topk(confidence_row, k) with non-candidates at -inf, as LLaDA's `generate`, Fast-dLLM's
     factor rule and Dream's `_sample` select: among exactly equal confidences torch.topk's choice

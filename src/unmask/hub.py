@@ -86,6 +86,24 @@ def download(name: str) -> Path:
         raise UnmaskError(explain(name, e), param="model") from None
 
 
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                   "added_tokens.json", "chat_template.jinja"]
+
+
+def download_tokenizer(name: str, model: str) -> Path:
+    """The local folder of the tokenizer files (only those) of the Hub repository `name`: the
+    tokenizer a release that ships none (`model`) was trained with."""
+    from huggingface_hub import snapshot_download
+
+    repo, revision = split_name(name)
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=TOKENIZER_FILES))
+    except Exception as e:  # huggingface_hub's errors, the network's and the disk's, named for the user
+        raise UnmaskError(f"{model} ships no tokenizer; it uses {name}'s, which could not be fetched: "
+                          f"{explain(name, e)} (or put {name}'s tokenizer.json in the model folder)",
+                          param="model") from None
+
+
 def explain(name: str, e: Exception) -> str:
     """What went wrong resolving `name`, and what to do, in one or two sentences."""
     from huggingface_hub import errors

@@ -148,7 +148,8 @@ class LLM:
         self.generation_config = read_json(gen_path) if gen_path.exists() else {}
         if not isinstance(self.generation_config, dict):
             raise CheckpointError(f"{gen_path} must hold a JSON object")
-        self.tokenizer = Tokenizer.from_dir(self.path)
+        family = resolve_family(self.config)
+        self.tokenizer = Tokenizer.from_dir(self._tokenizer_dir(family))
         if self.arch.family == "a2d":  # rendered as dllm renders it
             from unmask.models.a2d import TEMPLATE_VARS
 
@@ -157,7 +158,8 @@ class LLM:
             self._load_drafter(dtype, device)
         draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id
         causal = self.arch.kind == "causal"
-        self.token_ids: TokenIds = resolve_token_ids(self.config, self.generation_config, self.tokenizer,
+        implied = family.token_defaults(self.config) if family.token_defaults is not None else {}
+        self.token_ids: TokenIds = resolve_token_ids({**implied, **self.config}, self.generation_config, self.tokenizer,
                                                      needs_mask=not causal and self.arch.kind != "renoise"
                                                      and draft_mask is None)
         if self.token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
@@ -169,6 +171,16 @@ class LLM:
             check_fields(self.generation_defaults)
         except UnmaskError as e:
             raise CheckpointError(f"{gen_path}: {e}") from None
+
+    def _tokenizer_dir(self, family) -> Path:
+        """The model folder, or for a release that ships no tokenizer files (MDLM / BD3-LM) the
+        tokenizer it was trained with, through the Hub cache (unmask.hub.download_tokenizer)."""
+        has = (self.path / "tokenizer.json").exists() or (self.path / "vocab.json").exists()
+        if has or family.tokenizer_from is None:
+            return self.path
+        from unmask.hub import download_tokenizer
+
+        return download_tokenizer(family.tokenizer_from, str(self.path))
 
     def _spare_id(self) -> int:
         """An id of the embedding that no token of the tokenizer has (Qwen's padding rows): the

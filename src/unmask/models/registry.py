@@ -10,6 +10,8 @@ from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_T
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, qwen2_arch, qwen2_released, qwen3_arch, sdar_arch
 from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
+from unmask.models.dit import TOKENIZER_FROM as DIT_TOKENIZER, DiTModel, dit_arch, skipped_key as dit_skipped, \
+    token_defaults as dit_token_defaults
 from unmask.models.dream import dream_arch
 from unmask.models.llada import LLaDAModel, llada_arch
 from unmask.models.llada2 import LLaDA2Model, llada2_arch
@@ -30,6 +32,10 @@ class Family:
     skipped: Callable[[str], str | None] | None = None
     # config.json fields a known release implies without writing them, from its folder (A2D's BD3LM block)
     released: Callable[[Path], dict] | None = None
+    # a release that ships no tokenizer: the Hub repository of the one it was trained with
+    tokenizer_from: str | None = None
+    # config.json token fields a release implies without writing them (MDLM / BD3-LM: the mask is the last id)
+    token_defaults: Callable[[dict], dict] | None = None
 
     def arch_of(self, cfg: dict, folder: Path | None = None) -> ArchConfig:
         """The ArchConfig of a checkpoint's config.json (and, for a release that leaves a field
@@ -59,6 +65,11 @@ FAMILIES = (
            "dllm A2D (dllm-hub/Qwen3-0.6B-diffusion-mdlm-v0.1, -bd3lm-v0.1, "
            "dllm-hub/Qwen2.5-Coder-0.5B-Instruct-diffusion-{mdlm,bd3lm}-v0.1): masked or block diffusion "
            "from Qwen2, Qwen3 or Llama", released=a2d_released),
+    # kuleshov-group's DiT: MDLM (full attention) and BD3-LM (blocks), GPT-2's tokenizer plus a mask
+    Family("dit", ("bd3lm", "mdlm"), ("BD3LM", "MDLM"), dit_arch, DiTModel,
+           "MDLM / BD3-LM (kuleshov-group/mdlm-owt, kuleshov-group/bd3lm-owt-block_size{4,8,16}): masked or block "
+           "diffusion DiT, unconditional, GPT-2's tokenizer (openai-community/gpt2) plus a mask", dit_skipped,
+           tokenizer_from=DIT_TOKENIZER, token_defaults=dit_token_defaults),
     # an autoregressive Qwen3 target (for speculative decoding), by architecture only: DFlash
     # drafters' configs also say model_type "qwen3"
     Family("qwen3", (), ("Qwen3ForCausalLM",), qwen3_arch, QwenModel,

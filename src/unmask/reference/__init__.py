@@ -8,6 +8,7 @@ decoding, which is the request engine's (unmask.engine).
 - diffusion_gemma.py: DiffusionGemma's `generate` (renoising: entropy bound, self-conditioning);
 - dllm.py: dllm's MDLM and BD3LM samplers (its A2D models);
 - open_dcoder.py: Open-dCoder's diffusion_generate (Dream's timesteps; p2 remasks);
+- bd3lms.py: the BD3-LM repository's semi-AR sampler (MDLM and BD3-LM models);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 import importlib
@@ -36,4 +37,5 @@ LOOPS = {
     "dllm-mdlm": ("dllm", "decode_mdlm"),
     "dllm-bd3lm": ("dllm", "decode_bd3lm"),
     "open-dcoder": ("open_dcoder", "decode_open_dcoder"),
+    "bd3lms": ("bd3lms", "decode_bd3lms"),
 }
