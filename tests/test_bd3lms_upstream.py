@@ -55,6 +55,34 @@ def test_compat_bd3lms_returns_what_the_reference_returned(case):
     assert out.results[0].nfe == case["forwards"]  # retried samples' forwards included
 
 
+MDLM_CASES = json.loads((DATA / "mdlm-cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", MDLM_CASES, ids=lambda c: (f"{c['checkpoint'][5:]}-L{c['length']}-T{c['steps']}-"
+                                                             f"{c['predictor']}-nr{int(c['noise_removal'])}-"
+                                                             f"b{c['batch']}-s{c['seed']}"))
+def test_compat_mdlm_returns_what_the_mdlm_repository_returned(case):
+    llm = _llm(case["checkpoint"])
+    out = llm.generate([[] for _ in range(case["batch"])], GenerationParams(
+        compat="mdlm", gen_length=case["length"], steps=case["steps"], predictor=case["predictor"],
+        noise_removal=case["noise_removal"], seed=case["seed"]))
+    assert [r.raw_ids for r in out.results] == case["sequences"]
+    assert out.results[0].nfe == case["forwards"]
+
+
+def test_compat_mdlm_takes_a_prompt_and_refuses_block_models():
+    llm = _llm("ckpt-mdlm")
+    p = GenerationParams(compat="mdlm", gen_length=12, steps=16, seed=0)
+    out = llm.generate([[62, 5, 6], [62, 9, 9]], p)
+    assert all(len(r.raw_ids) == 12 and 63 not in r.raw_ids for r in out.results)
+    with pytest.raises(UnmaskError, match="prompt 0 is empty"):  # only a model that samples from nothing
+        llm.generate([[]], GenerationParams(gen_length=8, block_length=8))
+    with pytest.raises(UnmaskError, match="compat 'mdlm' reproduces"):
+        _llm("ckpt-bd3lm-b4").generate([[]], p)
+    with pytest.raises(UnmaskError, match="predictor 'ddpm' is a setting of compat mdlm"):
+        llm.generate([[62]], GenerationParams(compat="bd3lms", gen_length=31, predictor="ddpm"))
+
+
 def test_a_retried_sample_is_the_references():
     """The recorded cases include samples the reference drew again after a low-entropy stop."""
     assert any(c["tries"] > 1 and c["sequences"] is not None for c in CASES)

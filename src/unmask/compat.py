@@ -63,6 +63,7 @@ class CompatMode:
     model_keys: ClassVar[tuple[str, ...]] = ()  # its settings a checkpoint's generation_config.json may give
     fields: ClassVar[dict[str, Knob]] = {}  # generation parameters only this reference reads
     takes_suffix: ClassVar[bool] = False  # its loop decodes a canvas with text after the hole
+    unconditional: ClassVar[bool] = False  # it samples from nothing: a prompt may be empty
     rules: ClassVar[LoopRules] = LoopRules(candidates_before_block_end=True, score_full_window=True,
                                            early_stop=False)
 
@@ -281,6 +282,41 @@ class BD3LMs(CompatMode):
     def check(self, p, subject=None):
         self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
         self._need(p, p.top_k is None, f"top_k {p.top_k} (its nucleus is top_p)", subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
+                   subject)
+        super().check(p, subject)
+
+
+@register
+class MDLMRepo(CompatMode):
+    """The MDLM repository's sampler (kuleshov-group/mdlm `Diffusion._sample`) on an MDLM checkpoint:
+    the whole sequence from masks (a prompt, possibly empty, committed first), `steps` timesteps
+    (default 128, its config's), `predictor` ddpm_cache (its default) or ddpm, `noise_removal`,
+    sampling at temperature 1, seed the torch.manual_seed before the call. Loop:
+    unmask.reference.mdlm."""
+
+    name = "mdlm"
+    reference = "MDLM's _sample (kuleshov-group/mdlm)"
+    family = "mdlm"
+    policies = ("fixed",)
+    caches = ("none",)
+    loop = "mdlm"
+    tiles = False  # one canvas, no blocks
+    unconditional = True
+    fields: ClassVar[dict] = {
+        "predictor": Knob(None, str, "compat mdlm: its sampling.predictor, ddpm_cache (default: a step that changes "
+                          "nothing reuses its probabilities) or ddpm", choices(("ddpm_cache", "ddpm"))),
+        "noise_removal": Knob(None, bool, "compat mdlm: one last forward commits the argmax at every mask left "
+                              "(its default, true)"),
+    }
+
+    def resolve(self, p):
+        return replace(p, predictor=p.predictor or "ddpm_cache",
+                       noise_removal=True if p.noise_removal is None else p.noise_removal,
+                       temperature=1.0 if p.temperature == 0 else p.temperature)
+
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
         self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
                    subject)
         super().check(p, subject)

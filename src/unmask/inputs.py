@@ -177,8 +177,9 @@ def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConf
     if not ids:
         raise UnmaskError("no prompts given")
     vocab = arch.vocab_size
+    unconditional = params.compat is not None and get_mode(params.compat).unconditional
     for r, p in enumerate(ids):
-        if not p:
+        if not p and not unconditional:  # a reference that samples from nothing takes an empty prompt
             raise UnmaskError(f"prompt {r} is empty")
         bad = [t for t in p if not 0 <= t < vocab]
         if bad:

@@ -93,7 +93,8 @@ def dit_arch(cfg: dict) -> ArchConfig:
     if cond < 1:
         raise CheckpointError(f"config.json: cond_dim {cond!r} must be a positive integer")
     return ArchConfig(
-        family=model_type if model_type in ("bd3lm", "mdlm") else "bd3lm",
+        # what it runs as: BD3-LM with its block attention, MDLM (no cross_attn: full attention)
+        family="bd3lm" if cross else "mdlm",
         vocab_size=cfg_int(cfg, "vocab_size", family=label),
         hidden_size=d,
         num_layers=cfg_int(cfg, "n_blocks", family=label),

@@ -9,6 +9,7 @@ decoding, which is the request engine's (unmask.engine).
 - dllm.py: dllm's MDLM and BD3LM samplers (its A2D models);
 - open_dcoder.py: Open-dCoder's diffusion_generate (Dream's timesteps; p2 remasks);
 - bd3lms.py: the BD3-LM repository's semi-AR sampler (MDLM and BD3-LM models);
+- mdlm.py: the MDLM repository's `_sample` (MDLM models, from an empty canvas);
 - and the references' left-padded canvas is unmask.canvas (shared with training)."""
 
 import importlib
@@ -38,4 +39,5 @@ LOOPS = {
     "dllm-bd3lm": ("dllm", "decode_bd3lm"),
     "open-dcoder": ("open_dcoder", "decode_open_dcoder"),
     "bd3lms": ("bd3lms", "decode_bd3lms"),
+    "mdlm": ("mdlm", "decode_mdlm_repo"),
 }
