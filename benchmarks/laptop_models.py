@@ -43,6 +43,11 @@ QWEN25_CODER_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_hea
                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
                         rms_norm_eps=1e-6, max_position_embeddings=32768, hidden_act="silu", use_sliding_window=False,
                         bos_token_id=151643, eos_token_id=151645)
+# kuleshov-group's OpenWebText releases (bd3lms push_to_hf.py: GPT-2's vocabulary plus the mask)
+DIT_OWT = dict(vocab_size=50258, model_length=1024, hidden_dim=768, cond_dim=128, n_blocks=12, n_heads=12,
+               dropout=0.1, time_conditioning=False, adaln=True, attn_backend="flex", causal=False)
+MDLM_OWT = {**DIT_OWT, "cross_attn": False}
+BD3LM_OWT16 = {**DIT_OWT, "cross_attn": True, "block_size": 16, "var_min": True}
 # name -> (base shape, config.json's model_type / architecture, kind of run)
 MODELS = {
     "Qwen3-0.6B-diffusion-mdlm-v0.1": (QWEN3_06B, "a2d-qwen3", "A2DQwen3LMHeadModel", "full"),
@@ -52,7 +57,11 @@ MODELS = {
     "Qwen2.5-Coder-0.5B-Instruct-diffusion-bd3lm-v0.1": (QWEN25_CODER_05B, "a2d-qwen2", "A2DQwen2LMHeadModel",
                                                          "block"),
     "Qwen2.5-Coder-0.5B-Instruct": (QWEN25_CODER_05B, "qwen2", "Qwen2ForCausalLM", "causal"),
+    "mdlm-owt": (MDLM_OWT, "mdlm", "MDLM", "full"),
+    "bd3lm-owt-block_size16": (BD3LM_OWT16, "bd3lm", "BD3LM", "block"),
 }
+README_MODELS = list(MODELS)[:6]  # the README's table: the Tiny-A2D pairs beside their AR parents
+ORGS = {"mdlm-owt": "kuleshov-group/", "bd3lm-owt-block_size16": "kuleshov-group/"}
 # the Qwen tokenizers' special tokens at their ids (the word-level stand-in's; prompts are ids)
 SPECIALS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|fim_prefix|>": 151659,
             "<|fim_middle|>": 151660, "<|fim_suffix|>": 151661, "<|fim_pad|>": 151662, "<|mask|>": 151669}
@@ -90,6 +99,33 @@ def write_weights(base: dict, path: Path, seed: int = 0) -> None:
     save_file(t, path, metadata={"format": "pt"})
 
 
+def write_dit_weights(base: dict, path: Path, seed: int = 0) -> None:
+    """Random weights of the MDLM / BD3-LM DiT layout (float32, as bd3lms' push_to_hf saves them)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    d, V, c = base["hidden_dim"], base["vocab_size"], base["cond_dim"]
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) * 0.02
+
+    t = {"backbone.vocab_embed.embedding": w(V, d), "backbone.sigma_map.mlp.0.weight": w(c, 256),
+         "backbone.sigma_map.mlp.0.bias": w(c), "backbone.sigma_map.mlp.2.weight": w(c, c),
+         "backbone.sigma_map.mlp.2.bias": w(c), "backbone.output_layer.norm_final.weight": torch.ones(d),
+         "backbone.output_layer.linear.weight": w(V, d), "backbone.output_layer.linear.bias": w(V),
+         "backbone.output_layer.adaLN_modulation.weight": w(2 * d, c),
+         "backbone.output_layer.adaLN_modulation.bias": w(2 * d)}
+    for i in range(base["n_blocks"]):
+        p = f"backbone.blocks.{i}."
+        t.update({p + "norm1.weight": torch.ones(d), p + "norm2.weight": torch.ones(d),
+                  p + "attn_qkv.weight": w(3 * d, d), p + "attn_out.weight": w(d, d),
+                  p + "mlp.0.weight": w(4 * d, d), p + "mlp.0.bias": w(4 * d), p + "mlp.2.weight": w(d, 4 * d),
+                  p + "mlp.2.bias": w(d), p + "adaLN_modulation.weight": w(6 * d, c),
+                  p + "adaLN_modulation.bias": w(6 * d)})
+    save_file(t, path, metadata={"format": "pt"})
+
+
 def write_folder(root: Path, name: str) -> Path:
     """The release's folder: config.json, the (shared) weights, a word-level tokenizer naming the
     real special tokens at their ids. A BD3LM release's folder carries its name (its block)."""
@@ -98,20 +134,23 @@ def write_folder(root: Path, name: str) -> Path:
     if (folder / "config.json").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    weights = root / f"weights-{base['hidden_size']}.safetensors"
+    dit = "hidden_dim" in base
+    weights = root / (f"weights-dit-{name}.safetensors" if dit else f"weights-{base['hidden_size']}.safetensors")
     if not weights.exists():
-        write_weights(base, weights)
+        (write_dit_weights if dit else write_weights)(base, weights)
     (folder / "model.safetensors").symlink_to(weights)
     (folder / "config.json").write_text(json.dumps({**base, "model_type": model_type, "architectures": [arch]}))
-    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, 1000)}, **SPECIALS}
+    specials = {"<|endoftext|>": 50256} if dit else SPECIALS  # GPT-2's, whose tokenizer the DiT releases use
+    vocab = {"<unk>": 0, **{f"w{i}": i for i in range(1, 1000)}, **specials}
     tok = {"version": "1.0", "truncation": None, "padding": None,
            "added_tokens": [{"id": i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for s, i in SPECIALS.items()],
+                             "normalized": False, "special": True} for s, i in specials.items()],
            "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
            "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
     (folder / "tokenizer.json").write_text(json.dumps(tok))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                                                              "mask_token": "<|mask|>"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"} if dit else
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>"}))
     return folder
 
 
@@ -203,7 +242,7 @@ def readme_rows(result: dict) -> list[str]:
     time and memory, tokens/s at batch 1 (1 / 2 / 4 tokens per forward; 1 for an AR model) and at
     batch 8 (4 per forward; 1 for AR), and the same two at int8."""
     rows = []
-    for name in MODELS:
+    for name in README_MODELS:
         f, q = result["rows"].get(f"{name} float32"), result["rows"].get(f"{name} int8")
         if f is None or q is None:
             continue
@@ -259,7 +298,7 @@ def main() -> None:
             print(f"== {key}", file=sys.stderr, flush=True)
             run = subprocess.run([sys.executable, __file__, "--worker", str(folder), dtype, MODELS[name][3],
                                   "--batches", a.batches, "--schedules", a.schedules, "--block-length",
-                                  str(a.block_length)],
+                                  str(min(a.block_length, MODELS[name][0].get("block_size") or a.block_length))],
                                  stdout=subprocess.PIPE, text=True)
             if run.returncode:
                 raise SystemExit(f"{key}: the worker failed ({run.returncode})")
