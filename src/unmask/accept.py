@@ -23,7 +23,7 @@ from unmask.models.base import ArchConfig
 from unmask.compat import get_mode
 from unmask.params import PARAM_FIELDS, RENOISE_COMPAT, RENOISE_KNOBS, SHAPE, GenerationParams
 
-AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop")  # what an autoregressive model honours
+AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop", "min_tokens")  # what an autoregressive model honours
 # what a renoising model's sampler reads (DiffusionGemma's generate: whole canvases, its own schedule);
 # policy "entropy" and temperature 0 are what it runs, so they may be named too
 RENOISE_FIELDS = ("gen_length", "seed", "gamma", "compat", *RENOISE_KNOBS)

@@ -197,6 +197,9 @@ def check_constraint(constraint, params: GenerationParams, arch: ArchConfig, kin
     """Structured output's refusals by name: the row kinds that do not take a constraint, the
     reference modes (they reproduce unconstrained samplers), holes (a suffix or a template), and
     an engine built without its tokenizer. `kind`: the engine's row kind (its `constrains`)."""
+    if params.min_tokens:
+        raise UnmaskError(f"min_tokens {params.min_tokens} with structured output: the grammar decides where the "
+                          "output may end", param="min_tokens")
     if kind.name == "speculative" and params.temperature > 0:
         raise UnmaskError("structured output on speculative rows is greedy: temperature must be 0 "
                           f"(got {params.temperature})", param="temperature")

@@ -21,7 +21,7 @@ from dataclasses import field, fields, make_dataclass
 from unmask.cache import CACHES
 from unmask.compat import COMPAT_MODES, get_mode
 from unmask.errors import UnmaskError
-from unmask.knobs import Knob, choices, merge, positive_int
+from unmask.knobs import Knob, choices, merge, non_negative_int, positive_int
 from unmask.sampler.policy import POLICIES
 from unmask.sampler.proposal import ProposalConfig
 
@@ -50,6 +50,8 @@ def _declared() -> dict[str, Knob]:
     for name, mode in COMPAT_MODES.items():
         merge(out, mode.fields, f"compat {name}")
     out["early_stop"] = Knob(True, bool, "stop a row once its end of text is committed")
+    out["min_tokens"] = Knob(0, int, "tokens of the answer (or of a hole) before which no end-of-text token is "
+                             "proposed (vLLM's and Mistral's min_tokens)", non_negative_int)
     return out
 
 
@@ -108,6 +110,8 @@ class _Rules:
                 takers = [n for n, c in CACHES.items() if name in c.knobs]
                 raise UnmaskError(f"{name} {getattr(p, name)} is a setting of cache {', '.join(takers)}, "
                                   f"not of cache {p.cache}")
+        if p.min_tokens > p.gen_length:
+            raise UnmaskError(f"min_tokens {p.min_tokens} exceeds gen_length {p.gen_length}", param="min_tokens")
         if p.policy == "budget" and p.confidence == "neg_entropy":
             raise UnmaskError("policy budget needs a confidence in [0, 1]; confidence neg_entropy is not")
         if p.alg is not None and p.compat not in ("dream", "open-dcoder"):

@@ -46,6 +46,8 @@ class Committer:
         cols = torch.where(valid, s[idx, None] + ar, r.cap)
         x = r.x[idx]
         cand = (x.gather(1, cols) == self.mask) & valid
+        if any(r.mins):  # min_tokens: no end-of-text proposed before each row's minimum length
+            logits = self._hold_stops(logits, cols < r.minl[idx, None])
         tokens = torch.zeros_like(cols)
         commit = torch.zeros_like(cand)
         edit = remask = None
@@ -110,6 +112,17 @@ class Committer:
             r.conf[idx] = conf
         return Committed(idx, commit.sum(-1), doubt if verify else None, commit, tokens, cand,
                          None if edit is None else edit.sum(-1), None if edit is None else remask.sum(-1))
+
+    def _hold_stops(self, logits: torch.Tensor, early: torch.Tensor) -> torch.Tensor:
+        """The logits with every end-of-text id at -inf at the (B, W) `early` columns (this
+        rank's vocabulary slice under tensor parallelism)."""
+        stops = self.rows.stop_ids
+        if self.tp is not None:  # ids of this rank's slice, shifted into it
+            lo, hi = self.tp.vocab_range(self.vocab)
+            stops = stops[(stops >= lo) & (stops < hi)] - lo
+        held = logits.clone()
+        held[..., stops] = held[..., stops].masked_fill(early[..., None], -torch.inf)
+        return held
 
     def _uniform(self, rows: torch.Tensor, shape) -> torch.Tensor:
         """U(0, 1) draws for a revising policy (engine/draws.py: seeded rows alone)."""

@@ -210,6 +210,7 @@ class RowState(Rows):
     age: torch.Tensor = per_row()  # steps the row has run
     cfg: torch.Tensor = per_row()  # setting id
     early: torch.Tensor = per_row(torch.bool)  # the row stops at its end of text
+    minl: torch.Tensor = per_row()  # P + min_tokens: no end-of-text proposed before this column
     max_post: torch.Tensor = per_row()  # a revising policy's post steps per block (-1: the policy never revises)
     post: torch.Tensor = per_row()  # steps the open block has taken with no mask left (revising policies)
     reused: torch.Tensor = per_row()  # prompt columns whose K/V came from the prefix cache (kv/prefix.py)
@@ -221,6 +222,7 @@ class RowState(Rows):
     distinct: list = field(default_factory=list)  # the setting ids in use, sorted (kept on add / remove)
     mask_id: int = 0
     stop_ids: torch.Tensor | None = None  # (k,) end-of-text ids
+    mins: list = field(default_factory=list)  # each row: has min_tokens (host-side: stop ids masked only then)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -253,9 +255,10 @@ class RowState(Rows):
             x=x, pos=pos, L=L, T=T, P=P, blk=p.block_length, spb=p.steps_per_block,
             tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
             # a template's row runs to the end of its region: an end of text ends a hole, not the row
-            cfg=cfg_id, early=req.parts.early_stop and req.fill is None,
+            cfg=cfg_id, early=req.parts.early_stop and req.fill is None, minl=P + p.min_tokens,
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
+        self.mins.append(p.min_tokens > 0)
         if cfg_id not in self.distinct:
             self.distinct = sorted(self.distinct + [cfg_id])
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))
@@ -282,5 +285,6 @@ class RowState(Rows):
     def remove(self, gone: list[int]) -> list[int]:
         perm = super().remove(gone)
         self.settings = [self.settings[i] for i in perm]
+        self.mins = [self.mins[i] for i in perm]
         self.distinct = sorted(set(self.settings))
         return perm

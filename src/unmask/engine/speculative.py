@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.errors import UnmaskError
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.rows import Rows, per_row
@@ -120,6 +121,9 @@ class SpecKind:
         self._sharing: dict = {}  # request id -> its reusable prompt length, until its first round
 
     def prepare(self, params) -> None:
+        if params.min_tokens:
+            raise UnmaskError(f"min_tokens {params.min_tokens}: speculative rows verify the drafter's tokens as the "
+                              "target proposes them; they take no minimum length", param="min_tokens")
         return None
 
     # --- rows ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions,
 POST /v1/responses (OpenAI's Responses API for text: a chat completion answered as a response),
+the infill endpoints editors call (fim.py: POST /v1/fim/completions, Mistral's and Inception's;
+POST /infill, llama.cpp's),
 GET /metrics (Prometheus text), and the playground: GET / (a page) with its per-step event stream
 POST /playground/stream. Requests are batched continuously by the engine; streams send the
 committed prefix (completion.py). Errors use OpenAI's shape: 400 for bad parameters or malformed
@@ -25,9 +27,11 @@ from unmask.llm import LLM
 from unmask.server import playground
 from unmask.server.async_engine import AsyncEngine
 from unmask.server.completion import Completion
+from unmask.server.fim import LlamaInfill, empty_infill
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
-from unmask.server.protocol import ChatRequest, CompletionRequest, ResponsesRequest
+from unmask.server.protocol import ChatRequest, CompletionRequest, FimRequest, LlamaInfillRequest, ResponsesRequest
+from unmask.inputs import check_prompts, check_suffix
 from unmask.server.requests import (check_model, check_text, encode, grammar_for, infill, logprobs_for, params_for,
                                     special_strings)
 from unmask.server.responses import Response
@@ -103,6 +107,50 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
         return await Completion(state["engine"], llm, body, ids, params, request, "completion", served_model_name,
                                 holes, template, top).respond()
 
+    @app.post("/v1/fim/completions")
+    async def fim(body: FimRequest, request: Request):
+        """Mistral's / Inception's FIM: a completion with a suffix, answered as a chat completion."""
+        check_model(body.model, served_model_name)
+        check_text(body.prompt, specials, "prompt")
+        ids = encode(llm, body.prompt, chat=False)
+        params = params_for(llm, body, ids)
+        ids, params, holes, _ = infill(llm, body, ids, params, specials)
+        return await Completion(state["engine"], llm, body, ids, params, request, "chat", served_model_name,
+                                holes).respond()
+
+    @app.post("/infill")
+    async def llama_infill(body: LlamaInfillRequest, request: Request):
+        """llama.cpp's /infill (llama.vim, llama.vscode): the same middle, in llama.cpp's shape."""
+        if body.n_predict == 0:
+            return empty_infill(body, served_model_name)
+        prefix = body.prefix_text()
+        for where, text in (("input_prefix", prefix), ("input_suffix", body.input_suffix)):
+            check_text(text, specials, where)
+        if not prefix.strip():
+            raise APIError(400, "input_prefix (with prompt and input_extra) is empty: unmask fills a hole after some "
+                                "text", param="input_prefix")
+        ids = encode(llm, prefix, chat=False)
+        try:
+            params = llm.params_for(body.generation_fields())
+            check_prompts([ids], params, llm.arch, llm.token_ids)
+            body.stops()
+        except UnmaskError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        holes: dict = {}
+        if body.input_suffix:
+            suffix = llm.tokenizer.encode(body.input_suffix, add_special_tokens=False)
+            unknown = llm.tokenizer.unknown_words(body.input_suffix)
+            if unknown:
+                raise APIError(400, f"input_suffix: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}",
+                               param="input_suffix")
+            try:
+                check_suffix(suffix, params, llm.arch, llm.token_ids, len(ids))
+            except UnmaskError as e:
+                raise APIError(400, str(e), param="input_suffix") from None
+            holes = {"suffix": suffix}
+        return await LlamaInfill(state["engine"], llm, body, ids, params, request, "completion", served_model_name,
+                                 holes).respond()
+
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         check_model(body.model, served_model_name)
@@ -162,7 +210,7 @@ def _chat_ids(llm: LLM, body: ChatRequest) -> list[int]:
 
 
 def _handlers(app: FastAPI, api_key: str | None) -> None:
-    """OpenAI-shaped errors for every failure, and the API key on /v1/ and /playground/."""
+    """OpenAI-shaped errors for every failure, and the API key on /v1/, /playground/ and /infill."""
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -189,7 +237,7 @@ def _handlers(app: FastAPI, api_key: str | None) -> None:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith(("/v1/", "/playground/")):
+        if api_key is not None and request.url.path.startswith(("/v1/", "/playground/", "/infill")):
             if request.headers.get("authorization") != f"Bearer {api_key}":
                 return error_response(401, "missing or wrong API key (Authorization: Bearer ...)", "authentication_error")
         return await call_next(request)
