@@ -411,7 +411,10 @@ class LLM:
                 if out.logprobs:
                     scores[out.request.id] += out.logprobs
         seconds = time.perf_counter() - t0
-        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, **q.counters()) for q in reqs]
+        bounded = [None if suffixes is None or each[r].hole_length == "exact" or (fills is not None and fills[r] is not None)
+                   else suffixes[r] for r in range(len(reqs))]
+        results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, suffix=bounded[r], **q.counters())
+                   for r, q in enumerate(reqs)]
         if logprobs is not None:
             results = [replace(r, logprobs=scores[q.id][: len(r.token_ids)]) for r, q in zip(results, reqs)]
         return BatchOutput(results, list(engine.trace), seconds, params.cache, max(len(p) for p in ids))
@@ -437,7 +440,9 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float, **counters) -> GenerationResult:
-        """A GenerationResult from a generated region: cut at the first stop id, detokenised;
+    def result_of(self, raw: list[int], nfe: int, commits: list[int], seconds: float, suffix: list[int] | None = None,
+                  **counters) -> GenerationResult:
+        """A GenerationResult from a generated region: cut at the first stop id (and, with the
+        `suffix` of a hole whose length is bounded, where it goes on with that text), detokenised;
         `counters`: a row kind's (unmask.engine.kind.Stats) or a reference loop's by name."""
-        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, **counters)
+        return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, suffix, **counters)

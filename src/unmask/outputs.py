@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from unmask.sampler.stops import first_stop_index
+from unmask.sampler.stops import first_stop_index, suffix_overlap
 from unmask.trace import ForwardRecord
 
 
@@ -76,12 +76,18 @@ class BatchOutput:
 
 
 def result_of(tokenizer, stop_ids, raw: list[int], nfe: int, commits: list[int], seconds: float,
-              **counters) -> GenerationResult:
-    """A GenerationResult from a generated region: cut at the first stop id, detokenised.
+              suffix: list[int] | None = None, **counters) -> GenerationResult:
+    """A GenerationResult from a generated region: cut at the first stop id, detokenised; with
+    `suffix` (a hole whose length is bounded) also where it goes on with the suffix's own text
+    (sampler.stops.suffix_overlap).
     `counters`: what a row kind counted (unmask.engine.kind.Stats) by name; those the result has
     a field for are kept (seal_forwards, edits, remasked, draft_forwards)."""
     cut = first_stop_index(raw, set(stop_ids))
     ids = raw if cut is None else raw[:cut]
+    if suffix:
+        at, _ = suffix_overlap(ids, suffix)
+        if at is not None:
+            ids, cut = ids[:at], at
     return GenerationResult(text=tokenizer.decode(ids), token_ids=ids, raw_ids=raw,
                             finish_reason="length" if cut is None else "stop", nfe=nfe, commits=commits,
                             seconds=seconds, **{k: v for k, v in counters.items() if k in _COUNTERS})

@@ -255,10 +255,10 @@ class RowState(Rows):
             x=x, pos=pos, L=L, T=T, P=P, blk=p.block_length, spb=p.steps_per_block,
             tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
             # a template's row runs to the end of its region: an end of text ends a hole, not the row
-            cfg=cfg_id, early=req.parts.early_stop and req.fill is None, minl=P + p.min_tokens,
+            cfg=cfg_id, early=req.parts.early_stop and req.fill is None, minl=P + _min_tokens(req),
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))
         self.settings.append(cfg_id)
-        self.mins.append(p.min_tokens > 0)
+        self.mins.append(_min_tokens(req) > 0)
         if cfg_id not in self.distinct:
             self.distinct = sorted(self.distinct + [cfg_id])
         self.start_blocks(torch.tensor([self.n - 1], device=self.device))
@@ -288,3 +288,10 @@ class RowState(Rows):
         self.mins = [self.mins[i] for i in perm]
         self.distinct = sorted(set(self.settings))
         return perm
+
+
+def _min_tokens(req) -> int:
+    """Tokens before which no end of text is proposed: the request's min_tokens, and at least one
+    in a hole whose length is bounded (an end of text at its first position would leave it empty)."""
+    bounded = bool(req.suffix) and req.fill is None and req.params.hole_length != "exact"
+    return max(req.params.min_tokens, 1 if bounded else 0)

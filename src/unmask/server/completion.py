@@ -47,7 +47,8 @@ class Completion:
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
-        self.streams = [TextStream(llm, body.stops(), template) for _ in range(self.n)]
+        bounded = self.holes.get("suffix") if params.hole_length != "exact" and template is None else None
+        self.streams = [TextStream(llm, body.stops(), template, bounded) for _ in range(self.n)]
         self.reqs: list = [None] * self.n
         self.done = [False] * self.n
         self.created = int(time.time())

@@ -3,15 +3,19 @@ and the logprob entries of the tokens whose text has gone out."""
 
 from unmask.holes import Template
 from unmask.llm import LLM
+from unmask.sampler.stops import suffix_overlap
 
 
 class TextStream:
     """Cut at the first end-of-text id and at the first stop string; a possibly incomplete
     character or stop string is held back (up to the longest stop string's length minus one
-    characters), so text once sent is never retracted."""
+    characters), so text once sent is never retracted. With `suffix` (a hole whose length is
+    bounded) also cut where the middle goes on with the suffix's own text, the tokens that may
+    begin to held back until it is known (sampler.stops.suffix_overlap)."""
 
-    def __init__(self, llm: LLM, stops: list[str], template: Template | None = None) -> None:
-        self.llm, self.stops = llm, stops
+    def __init__(self, llm: LLM, stops: list[str], template: Template | None = None,
+                 suffix: list[int] | None = None) -> None:
+        self.llm, self.stops, self.suffix = llm, stops, suffix or []
         self.stop_ids = set(llm.token_ids.stop)
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.ids: list[int] = []  # the generated ids (a template's: its holes' ids)
@@ -49,12 +53,20 @@ class TextStream:
             if logprobs is not None:
                 self.scores.append(logprobs[k])
                 self.token_ends.append(len(self.llm.tokenizer.decode(self.ids)))
+        safe = len(self.ids)
+        if self.suffix:
+            at, safe = suffix_overlap(self.ids, self.suffix)
+            if at is not None:
+                del self.ids[at:], self.scores[at:], self.token_ends[at:]
+                self.finish_reason = "stop"
         self.text = self.llm.tokenizer.decode(self.ids)
+        held = 0 if self.finish_reason or safe >= len(self.ids) else len(self.text) - len(
+            self.llm.tokenizer.decode(self.ids[:safe]))
         hits = [self.text.find(s) for s in self.stops if s in self.text]
         if hits:
             self.text = self.text[: min(hits)]
             self.finish_reason, self.cut = "stop", True
-        end = len(self.text) if self.finish_reason else len(self.text) - self.hold
+        end = len(self.text) if self.finish_reason else len(self.text) - max(self.hold, held)
         while end > self.sent and self.text[end - 1] == "\ufffd":  # an incomplete multi-byte character
             end -= 1
         delta = self.text[self.sent : max(end, self.sent)]
