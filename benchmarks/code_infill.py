@@ -145,7 +145,7 @@ def infill_params(llm, policy: dict):
     def of(e):
         g = e["middle_tokens"]
         return llm.default_params(**{"gen_length": g, "block_length": g, "steps": g, "early_stop": False,
-                                     "cache": "none", **policy})
+                                     "cache": "none", "hole_length": "exact", **policy})
     return of
 
 

@@ -1,0 +1,74 @@
+"""Holes of unknown length on `default-code` (issue 47): held-out single-line and multi-line holes
+(unmask.train.code.hole_examples, the `test` split: files never trained on) decoded with the true
+length, with only a bound (`hole_length` "bound", the default: 24 tokens single-line, 64
+multi-line) and with that fixed length (`hole_length` "exact"), one token per forward, no cache,
+greedy, paired. Exact match (the hidden text, character for character) and edit similarity
+(difflib's ratio) of the whole middle; forwards and seconds per hole (every forward and the loop,
+not tokenisation), batch 8, float32, this CPU. `default-code` was trained on exact-length spans
+(never padded): a bounded hole ends only where its text goes on with the suffix's own text.
+
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/code_holes.py   # -> benchmarks/results/code_holes.json
+"""
+
+import argparse
+import difflib
+import os
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from unmask import LLM  # noqa: E402
+from unmask.bench.runner import TIMER_INCLUDES, context  # noqa: E402
+from unmask.bench.stats import paired_bootstrap, wilson_interval  # noqa: E402
+from unmask.files import write_json_atomic  # noqa: E402
+from unmask.train.code import hole_examples  # noqa: E402
+
+BOUNDS = {"single": 24, "multi": 64}
+
+
+def run(llm: LLM, exs: list[dict], length, hole_length: str, batch: int) -> dict:
+    outs, forwards, seconds = [], 0, 0.0
+    for i in range(0, len(exs), batch):
+        part = exs[i : i + batch]
+        params = [llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e), policy="fixed",
+                                     cache="none", hole_length=hole_length) for e in part]
+        t = time.perf_counter()
+        out = llm._generate_engine(llm.encode([e["prefix"] for e in part], chat=False), params,
+                                   [llm.tokenizer.encode(e["suffix"], add_special_tokens=False) for e in part])
+        seconds += time.perf_counter() - t
+        outs += [r.text for r in out.results]
+        forwards += sum(r.nfe for r in out.results)
+    flags = [o == e["middle"] for o, e in zip(outs, exs)]
+    sims = [difflib.SequenceMatcher(None, o, e["middle"], autojunk=False).ratio() for o, e in zip(outs, exs)]
+    return {"exact": sum(flags), "of": len(exs), "exact_ci95": wilson_interval(sum(flags), len(exs)),
+            "similarity": sum(sims) / len(sims), "sims": sims, "forwards_per_hole": forwards / len(exs),
+            "seconds_per_hole": seconds / len(exs),
+            "samples": [{"want": e["middle"], "got": o} for e, o in list(zip(exs, outs))[:4]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--out", default="benchmarks/results/code_holes.json")
+    a = ap.parse_args()
+    llm = LLM("default-code")
+    rows = {}
+    for kind, bound in BOUNDS.items():
+        exs = hole_examples(llm.tokenizer, "test", kind, a.n)
+        true = run(llm, exs, lambda e: e["middle_tokens"], "exact", a.batch)
+        rows[f"{kind}: true length"] = true
+        for name, mode in ((f"{kind}: bound {bound}", "bound"), (f"{kind}: fixed {bound}", "exact")):
+            r = run(llm, exs, lambda e: bound, mode, a.batch)
+            r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
+            rows[name] = r
+        for name in (f"{kind}: true length", f"{kind}: bound {bound}", f"{kind}: fixed {bound}"):
+            r = rows[name]
+            print(f"{name:22s} exact {r['exact']:2d}/{r['of']}  similarity {r['similarity']:.3f}  "
+                  f"{r['forwards_per_hole']:.1f} forwards/hole  {1000 * r['seconds_per_hole']:.0f} ms/hole")
+    write_json_atomic(a.out, {"context": {**context(), "timer_includes": TIMER_INCLUDES, "batch": a.batch,
+                                          "setup": __doc__.split("\n\n")[0]}, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
