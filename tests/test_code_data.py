@@ -158,3 +158,40 @@ def test_held_out_hole_examples(root, tmp_path):
             assert lines == 1 if kind == "single" else 2 <= lines <= 4
     assert code.hole_examples(tok, "train", "single", 5, root=root) == code.hole_examples(tok, "train", "single", 5,
                                                                                          root=root)
+
+
+def test_padded_spans_end_with_end_of_text_inside_the_mask():
+    """span_pad: a span row's masked span is its tokens, then 0..span_pad end-of-text tokens (the
+    row's later tokens moved right); the loss's targets are that row."""
+    import torch
+
+    from unmask.train.data import Batch
+    from unmask.train.trainer import TrainConfig, diffusion_loss
+
+    seen = {}
+
+    class Spy(torch.nn.Module):
+        config = type("C", (), {"logit_shift": 0})
+
+        def forward(self, ids, positions, key_mask=None, logits_slice=None):
+            seen["ids"] = ids.clone()
+            return torch.zeros(ids.shape[0], ids.shape[1], 200, requires_grad=True)
+
+    B, G = 64, 12
+    row = torch.arange(100, 100 + G)[None].repeat(B, 1)
+    b = Batch(ids=row, positions=torch.arange(G)[None].repeat(B, 1), key_mask=None, prompt_len=0,
+              answer_len=torch.full((B,), G))
+    diffusion_loss(Spy(), b, mask_id=2, t=torch.full((B,), 0.25), gen=torch.Generator().manual_seed(0),
+                   span_rate=1.0, span_pad=4, eos_id=1)
+    ids = seen["ids"]
+    pads = []
+    for r in range(B):  # each row: its tokens up to the span, masks, then its tokens moved right
+        m = (ids[r] == 2).nonzero().squeeze(-1)
+        assert m.numel() >= 3 and (m == torch.arange(int(m[0]), int(m[-1]) + 1)).all()  # one contiguous span
+        start, end = int(m[0]), int(m[-1]) + 1
+        assert ids[r, :start].tolist() == list(range(100, 100 + start))
+        pads.append(end - start - 3)  # the span holds round(0.25 * 12) = 3 tokens, then the padding
+        assert ids[r, end:].tolist() == list(range(100 + start + 3, 100 + start + 3 + G - end))
+    assert set(pads) == {0, 1, 2, 3, 4}
+    with pytest.raises(UnmaskError, match="span_pad 2 must be a non-negative integer, and above 0 only with"):
+        TrainConfig(kind="diffusion", corpus="stdlib", span_pad=2).check()

@@ -176,7 +176,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         sampler.set_state(saved["sampler"])
         gen.set_state(saved["generator"])
         step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
-    mask_id = tok.token_to_id("<|mdm_mask|>")
+    mask_id, eos_id = tok.token_to_id("<|mdm_mask|>"), tok.token_to_id("<|endoftext|>")
     t0 = time.time()
     smooth = saved.get("smooth") if resume else None  # the logged loss is smoothed across parts too
 
@@ -212,7 +212,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
             else:
                 batches = make_batches(examples, tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
-        loss = train_step(model, batches, cfg, mask_id, gen)
+        loss = train_step(model, batches, cfg, mask_id, gen, eos_id)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1

@@ -80,6 +80,10 @@ class TrainConfig:
     corpus: str | None = None
     vocab_size: int = 4096
     span_rate: float = 0.0
+    # a hole's length the model decides: a span row is followed by 0..span_pad end-of-text tokens
+    # inside its masked span (the rest of the row moves right), so that a model given more masks
+    # than the middle needs writes the middle and ends it (unmask's hole_length "bound")
+    span_pad: int = 0
     fim_rate: float = 0.0
 
     def check(self) -> "TrainConfig":
@@ -134,6 +138,10 @@ class TrainConfig:
         if self.span_rate > 1 or (self.span_rate and (self.kind != "diffusion" or self.corpus is None)):
             raise UnmaskError(f"span_rate {self.span_rate!r} must be in [0, 1], and above 0 only for a diffusion "
                               "code model (corpus)")
+        if (not isinstance(self.span_pad, int) or isinstance(self.span_pad, bool) or self.span_pad < 0
+                or (self.span_pad and not self.span_rate)):
+            raise UnmaskError(f"span_pad {self.span_pad!r} must be a non-negative integer, and above 0 only with "
+                              "span_rate")
         if self.fim_rate > 1 or (self.fim_rate and (self.kind != "ar" or self.corpus is None)):
             raise UnmaskError(f"fim_rate {self.fim_rate!r} must be in [0, 1], and above 0 only for an ar code model "
                               "(corpus)")
@@ -194,23 +202,34 @@ def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
 
 
 def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator,
-                   span_rate: float = 0.0) -> torch.Tensor:
+                   span_rate: float = 0.0, span_pad: int = 0, eos_id: int | None = None) -> torch.Tensor:
     """Sum over rows of the LLaDA SFT loss: cross-entropy on masked answer positions weighted by 1/t
     (divide by rows x canvas length for the mean). With `span_rate`, that share of rows masks one
-    contiguous span of round(t * G) positions (at least one) at a uniform offset instead."""
+    contiguous span of round(t * G) positions (at least one) at a uniform offset instead; with
+    `span_pad`, 0..span_pad end-of-text tokens follow the span inside it (the row's later tokens
+    move right, the last ones leave the row)."""
     B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
     masked = torch.rand(B, G, generator=gen) < t[:, None]
+    target_ids = b.ids
     if span_rate:
         span = torch.rand(B, generator=gen) < span_rate
         n = (t * G).round().long().clamp(1, G)
         start = (torch.rand(B, generator=gen) * (G - n + 1)).long()
         cols = torch.arange(G)[None, :]
-        masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < (start + n)[:, None]), masked)
-    ids = b.ids.clone()
+        end = start + n
+        if span_pad:
+            pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span  # span rows only
+            src = torch.where(cols < end[:, None], cols, cols - pad[:, None]).clamp(min=0)
+            region = b.ids[:, b.prompt_len :].gather(1, src)
+            region = torch.where((cols >= end[:, None]) & (cols < (end + pad)[:, None]), eos_id, region)
+            target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
+            end = end + pad
+        masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < end[:, None]), masked)
+    ids = target_ids.clone()
     ids[:, b.prompt_len :][masked] = mask_id
     shift = model.config.logit_shift  # logits at j score token j + shift
     logits = model(ids, b.positions, key_mask=b.key_mask, logits_slice=slice(b.prompt_len - shift, ids.shape[1] - shift))
-    target = b.ids[:, b.prompt_len :]
+    target = target_ids[:, b.prompt_len :]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(B, G)
     return ((ce * masked) / t[:, None]).sum()
 
@@ -298,7 +317,8 @@ def ar_targets(b: Batch) -> int:
     return int(_ar_keep(b).sum())
 
 
-def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator) -> float:
+def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator,
+               eos_id: int | None = None) -> float:
     """Forward and backward over a batch split into length groups; gradients accumulate to exactly
     those of the whole batch's mean loss. Returns that loss."""
     if cfg.kind == "dflash":  # the weighted mean over both groups' blocks
@@ -320,7 +340,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
     for b in batches:
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
-            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate) / denom
+            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate, cfg.span_pad, eos_id) / denom
         elif cfg.kind == "renoise":
             from unmask.train.renoise import renoise_loss
 
