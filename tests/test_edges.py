@@ -102,12 +102,13 @@ def test_renoising_server_refuses_a_policy(renoise):
         assert r.status_code == 400 and r.json()["error"]["param"] == "block_length"
         assert httpx.post(s.url + "/v1/completions", json={"prompt": "copy : red 4 owl"}).status_code == 200
         # the playground's form sends a policy, cache and blocks only to a masked model
-        assert '<body data-kind="renoising">' in httpx.get(s.url + "/").text
+        assert '<body data-kind="renoising" data-hole="0">' in httpx.get(s.url + "/").text
     finally:
         s.stop()
     from unmask.server.playground import page
 
-    assert '<body data-kind="masked">' in page().body.decode()
+    assert '<body data-kind="masked" data-hole="0">' in page().body.decode()
+    assert '<body data-kind="masked" data-hole="1">' in page("masked", True).body.decode()
 
 
 @pytest.mark.parametrize("args,needle", [

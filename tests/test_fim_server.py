@@ -161,3 +161,24 @@ def test_n_indent_and_response_fields():
     obj = {"content": "x", "timings": {"prompt_n": 3}, "stop": True}
     assert project(obj, ["content", "timings/prompt_n", "timings/none", ""]) == {"content": "x", "timings/prompt_n": 3}
     assert project(obj, None) == obj
+
+
+def test_diffusing_streams_the_canvas_as_it_fills(server, embedded):
+    """Inception's diffusing mode: each chunk the whole canvas (open positions as ░), the last the
+    answer itself — the same as the committed-prefix stream's whole text."""
+    body = {"model": "default", "prompt": "copy : red sun 5 owl", "max_tokens": 16, "stream": True}
+    want = _completion(server, prompt=body["prompt"], max_tokens=16)["text"]
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "diffusing": True}, timeout=60) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    texts = [e["choices"][0]["text"] for e in events if e["choices"]]
+    assert texts[-1] == want and events[-1]["choices"][0]["finish_reason"] is not None
+    assert len(texts) >= 2 and "\u2591" in texts[0]  # the first canvas still has open positions
+    # through the FIM endpoint too (chat chunks), and refused where it cannot apply
+    with httpx.stream("POST", server.url + "/v1/fim/completions", json={
+            "model": "default", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 8, "stream": True,
+            "diffusing": True}, timeout=60) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["delta"]["content"] == _completion(
+        server, prompt=PREFIX, suffix=SUFFIX, max_tokens=8)["text"]
+    r = httpx.post(server.url + "/v1/completions", json={**body, "stream": False, "diffusing": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "diffusing"

@@ -375,6 +375,18 @@ def test_playground_event_stream(llm, server):
     assert "unmask playground" in httpx.get(server.url + "/").text
 
 
+def test_playground_takes_a_hole(llm, server):
+    """With text after the hole, the canvas is the hole and the final text its middle: the same
+    middle as /v1/completions with that suffix."""
+    body = {"prompt": "json : color green score 6 5 name liz", "suffix": SUFFIX, "max_tokens": 8}
+    with httpx.stream("POST", server.url + "/playground/stream", json=body, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert all(len(e["cells"]) == 8 for e in events if e["type"] == "step")
+    api = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    assert events[-1]["type"] == "done" and events[-1]["text"] == api
+    assert 'data-hole="1"' in httpx.get(server.url + "/").text  # the page shows the field for it
+
+
 class Browser:
     """Headless Chromium driven over the DevTools protocol (websocket-client): open a page,
     evaluate JavaScript in it."""
@@ -509,7 +521,7 @@ def test_the_ar_twin_is_served_by_the_same_engine(embedded_ar):
             assert plain == streamed == ar.generate([p]).results[0].text
         r = httpx.post(s.url + "/v1/completions", json={"prompt": PROMPTS[0], "policy": "threshold"})
         assert r.status_code == 400 and "not used by an autoregressive model" in r.json()["error"]["message"]
-        assert '<body data-kind="autoregressive">' in httpx.get(s.url + "/").text  # its form sends no policy
+        assert '<body data-kind="autoregressive" data-hole="0">' in httpx.get(s.url + "/").text  # no policy
     finally:
         s.stop()
 

@@ -57,6 +57,8 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     _handlers(app, api_key)
     specials = special_strings(llm)
     kind = {"causal": "autoregressive", "renoise": "renoising"}.get(llm.arch.kind, "masked")
+    # a model that sees text after a hole: full attention, or autoregressive with fill-in-the-middle tokens
+    hole = llm.arch.kind == "full" or (llm.arch.kind == "causal" and llm.token_ids.fim is not None)
 
     @app.get("/health")
     async def health():
@@ -67,7 +69,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
-        return playground.page(kind)
+        return playground.page(kind, hole)
 
     @app.post("/playground/stream")
     async def playground_stream(body: CompletionRequest, request: Request):
@@ -76,7 +78,9 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
             raise APIError(400, "the playground takes a text prompt", param="prompt")
         check_text(prompt, specials, "prompt")
         ids = encode(llm, prompt, chat=False)
-        return playground.stream(state["engine"], llm, ids, params_for(llm, body, ids), body.stops())
+        params = params_for(llm, body, ids)
+        ids, params, holes, _ = infill(llm, body, ids, params, specials)  # a hole: text after it (suffix)
+        return playground.stream(state["engine"], llm, ids, params, body.stops(), holes)
 
     @app.get("/v1/models")
     async def models():

@@ -24,6 +24,8 @@ from unmask.server.async_engine import AsyncEngine, QueueFull
 from unmask.server.openai import APIError, sse
 from unmask.server.text import TextStream
 
+MASK_GLYPH = "\u2591"  # a diffusing chunk's open position (light shade)
+
 
 class Completion:
     def __init__(self, engine: AsyncEngine, llm: LLM, body, ids: list[int], params: GenerationParams,
@@ -43,6 +45,12 @@ class Completion:
             self.holes = {**self.holes, "logprobs": logprobs}
         self.offsets = [0] * body.n  # each choice's characters whose logprobs went out (text_offset)
         self.call = call
+        self.diffusing = bool(getattr(body, "diffusing", False))
+        if self.diffusing and not body.stream:
+            raise APIError(400, "diffusing streams the canvas as it fills: it needs stream true", param="diffusing")
+        if self.diffusing and (logprobs is not None or call is not None):
+            raise APIError(400, "diffusing streams whole canvases: no logprobs or forced tool calls with it",
+                           param="diffusing")
         self.call_ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in range(body.n)] if call is not None else []
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
@@ -63,7 +71,8 @@ class Completion:
             for i, name in enumerate(self.names):
                 seed = None if params.seed is None else params.seed + i
                 extra = self.holes if grammar is None or i == 0 else {**self.holes, "constraint": grammar.copy()}
-                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), **extra))
+                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), watch=self.diffusing,
+                                                 **extra))
         except (QueueFull, UnmaskError) as e:
             for name in self.names[: len(queues)]:
                 self.engine.abort(name)
@@ -166,6 +175,47 @@ class Completion:
             return openai.tool_delta(self.call_ids[i], c["function"]["name"], c["function"]["arguments"])
         return openai.tool_delta(self.call_ids[i] if first else None, self.call.name, text)
 
+    def canvas_text(self, out) -> str:
+        """A diffusing chunk's text: the answer canvas after this step, committed tokens as text
+        and each open position as MASK_GLYPH, up to its first end of text."""
+        canvas = out.canvas or []
+        stops, mask = set(self.streams[0].stop_ids), self.streams[0].llm.token_ids.mask
+        end = next((k for k, t in enumerate(canvas) if t in stops), len(canvas))
+        pieces, run = [], []
+        for t in canvas[:end]:
+            if t == mask:
+                if run:
+                    pieces.append(self.streams[0].llm.tokenizer.decode(run))
+                    run = []
+                pieces.append(MASK_GLYPH)
+            else:
+                run.append(t)
+        if run:
+            pieces.append(self.streams[0].llm.tokenizer.decode(run))
+        return "".join(pieces)
+
+    async def diffusing_events(self):
+        """Inception's diffusing stream: per step, each choice's whole canvas (replacing its last
+        chunk); its final chunk the answer as a whole response has it, with finish_reason."""
+        try:
+            async for i, out in self.updates():
+                self.step(i, out)
+                if not self.done[i]:
+                    if out.canvas is not None:
+                        yield sse(self._chunk(i, self.canvas_text(out), None, False))
+                    continue
+                self.streams[i].flush()
+                yield sse(self._chunk(i, self.streams[i].text, self.reason(i), False))
+            if all(self.done):
+                if self.body.stream_options and self.body.stream_options.include_usage:
+                    use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
+                    yield sse(openai.usage_chunk(self.kind, self.rid, self.created, self.model, use))
+                yield "data: [DONE]\n\n"
+        except Exception as e:  # an error after the stream started: an error event, then close
+            yield sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
+        finally:
+            self.cleanup()
+
     async def events(self):
         first = [True] * self.n
         try:
@@ -219,6 +269,7 @@ class Completion:
 
     async def respond(self):
         if self.body.stream:
-            return StreamingResponse(self.events(), media_type="text/event-stream",
+            return StreamingResponse(self.diffusing_events() if self.diffusing else self.events(),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self.whole()

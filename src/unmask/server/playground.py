@@ -17,20 +17,25 @@ from unmask.server.text import TextStream
 PAGE = Path(__file__).parent / "playground.html"
 
 
-def page(kind: str = "masked") -> HTMLResponse:
+def page(kind: str = "masked", hole: bool = False) -> HTMLResponse:
     """The page, told the kind of model served ("masked", "renoising" or "autoregressive"): only a
-    masked model's form sends a policy, a cache and a block length."""
-    return HTMLResponse(PAGE.read_text(encoding="utf-8").replace('<body data-kind="masked">',
-                                                                  f'<body data-kind="{kind}">', 1))
+    masked model's form sends a policy, a cache and a block length; only a model that sees text
+    after a hole (`hole`) shows the field for it."""
+    return HTMLResponse(PAGE.read_text(encoding="utf-8").replace(
+        '<body data-kind="masked">', f'<body data-kind="{kind}" data-hole="{int(hole)}">', 1))
 
 
-def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationParams, stops: list[str]):
+def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationParams, stops: list[str],
+           holes: dict | None = None):
+    """`holes`: a hole's text after it (`suffix`), as the engine takes it: the canvas is then the
+    hole, and the final text its middle."""
     rid = f"play-{uuid.uuid4().hex[:24]}"
+    holes = holes or {}
     try:
-        queue = engine.submit(rid, ids, params, watch=True)
+        queue = engine.submit(rid, ids, params, watch=True, **holes)
     except QueueFull as e:
         raise APIError(429, str(e), "rate_limit_error") from None
-    text = TextStream(llm, stops)
+    text = TextStream(llm, stops, suffix=holes.get("suffix") if params.hole_length != "exact" else None)
     stop_ids, mask = set(llm.token_ids.stop), llm.token_ids.mask
 
     def piece(t: int) -> str:  # end of text shows as one mark, not its long special-token name

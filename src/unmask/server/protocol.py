@@ -78,6 +78,9 @@ class _OpenAI(BaseModel):
     presence_penalty: Literal[0, 0.0] | None = None
     ignore_eos: bool = False  # vLLM's name: decode the whole canvas even after end of text
     response_format: ResponseFormat | None = None  # structured output (OpenAI's field)
+    # Inception's "diffusing" stream: each chunk carries the whole answer canvas as it fills (open
+    # positions shown), replacing the one before, instead of the committed prefix's next piece
+    diffusing: bool = False
     structured_outputs: StructuredOutputs | None = None  # structured output (vLLM's field)
 
 
