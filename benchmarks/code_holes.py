@@ -2,7 +2,8 @@
 (unmask.train.code.hole_examples, the `test` split: files never trained on) decoded with the true
 length, with only a bound (`hole_length` "bound", the default: 24 tokens single-line, 64
 multi-line) and with that fixed length (`hole_length` "exact"), one token per forward, no cache,
-greedy, paired. Exact match (the hidden text, character for character) and edit similarity
+greedy, paired; beside them the autoregressive twin laid out prefix-suffix-middle (it writes the
+middle and its end of text, up to the bound). Exact match (the hidden text, character for character) and edit similarity
 (difflib's ratio) of the whole middle; forwards and seconds per hole (every forward and the loop,
 not tokenisation), batch 8, float32, this CPU. `default-code` was trained on exact-length spans
 (never padded): a bounded hole ends only where its text goes on with the suffix's own text.
@@ -26,11 +27,12 @@ from unmask.train.code import hole_examples  # noqa: E402
 BOUNDS = {"single": 24, "multi": 64}
 
 
-def run(llm: LLM, exs: list[dict], length, hole_length: str, batch: int) -> dict:
+def run(llm: LLM, exs: list[dict], length, hole_length: str, batch: int, ar: bool = False) -> dict:
     outs, forwards, seconds = [], 0, 0.0
     for i in range(0, len(exs), batch):
         part = exs[i : i + batch]
-        params = [llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e), policy="fixed",
+        params = [llm.default_params(gen_length=length(e)) if ar else
+                  llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e), policy="fixed",
                                      cache="none", hole_length=hole_length) for e in part]
         t = time.perf_counter()
         out = llm._generate_engine(llm.encode([e["prefix"] for e in part], chat=False), params,
@@ -50,9 +52,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=60)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--model", default="default-code", help="the diffusion code model (a name or folder)")
+    ap.add_argument("--ar", default="default-code-ar", help="its prefix-suffix-middle twin ('' to skip)")
     ap.add_argument("--out", default="benchmarks/results/code_holes.json")
     a = ap.parse_args()
-    llm = LLM("default-code")
+    llm = LLM(a.model)
+    twin = LLM(a.ar) if a.ar else None
     rows = {}
     for kind, bound in BOUNDS.items():
         exs = hole_examples(llm.tokenizer, "test", kind, a.n)
@@ -62,12 +67,16 @@ def main() -> None:
             r = run(llm, exs, lambda e: bound, mode, a.batch)
             r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
             rows[name] = r
-        for name in (f"{kind}: true length", f"{kind}: bound {bound}", f"{kind}: fixed {bound}"):
+        if twin is not None:  # the AR twin writes the middle and its end of text, up to the bound
+            r = run(twin, exs, lambda e: bound, "bound", a.batch, ar=True)
+            r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
+            rows[f"{kind}: AR twin, up to {bound}"] = r
+        for name in [n for n in rows if n.startswith(f"{kind}:")]:
             r = rows[name]
             print(f"{name:22s} exact {r['exact']:2d}/{r['of']}  similarity {r['similarity']:.3f}  "
                   f"{r['forwards_per_hole']:.1f} forwards/hole  {1000 * r['seconds_per_hole']:.0f} ms/hole")
     write_json_atomic(a.out, {"context": {**context(), "timer_includes": TIMER_INCLUDES, "batch": a.batch,
-                                          "setup": __doc__.split("\n\n")[0]}, "rows": rows})
+                                          "model": a.model, "setup": __doc__.split("\n\n")[0]}, "rows": rows})
 
 
 if __name__ == "__main__":
