@@ -27,8 +27,9 @@ from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
 from unmask.tokenizer import Tokenizer
 
-MARKER = re.compile(r"<\|hole(?::(\d+))?\|>")
+MARKER = re.compile(r"<\|hole(?::([0-9]+))?\|>")  # ASCII digits only (\d also matches other scripts' digits)
 MAX_HOLES = 64
+MAX_HOLE = 1_000_000  # no canvas holds more (a model's own positions are checked later, by name)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ def split(text: str) -> tuple[list[str], list[int | None]]:
         n = m.group(1)
         if n is not None and int(n) < 1:
             raise UnmaskError(f"template: hole {len(lengths)} {m.group(0)!r} has no room; N must be at least 1")
+        if n is not None and (len(n) > 7 or int(n) > MAX_HOLE):
+            raise UnmaskError(f"template: hole {len(lengths)} {m.group(0)[:40]!r} is longer than any canvas "
+                              f"(at most {MAX_HOLE:,} tokens; the model's own limit is lower)")
         lengths.append(None if n is None else int(n))
         at = m.end()
     pieces.append(text[at:])

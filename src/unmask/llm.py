@@ -316,6 +316,7 @@ class LLM:
         log-probabilities and the `logprobs` most likely tokens' (GenerationResult.logprobs;
         engine/logprobs.py)."""
         params = self._params(params)
+        constraint = _constraint(constraint)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
         if logprobs is not None:
@@ -446,3 +447,15 @@ class LLM:
         `suffix` of a hole whose length is bounded, where it goes on with that text), detokenised;
         `counters`: a row kind's (unmask.engine.kind.Stats) or a reference loop's by name."""
         return result_of(self.tokenizer, self.token_ids.stop, raw, nfe, commits, seconds, suffix, **counters)
+
+
+def _constraint(constraint) -> Constraint | None:
+    """A structured-output constraint: a Constraint, or a JSON schema given as a dict (or True);
+    anything else is refused by name with what to pass."""
+    if constraint is None or isinstance(constraint, Constraint):
+        return constraint
+    if isinstance(constraint, dict) or constraint is True:
+        return Constraint.json_schema(constraint)
+    raise UnmaskError(f"constraint {constraint!r:.60} must be a unmask.constrain.Constraint (Constraint.json_schema("
+                      "schema), .regex(r), .choice([...]), .grammar(lark or gbnf)) or a JSON schema dict",
+                      param="constraint")

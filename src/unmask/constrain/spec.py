@@ -74,10 +74,10 @@ class Constraint:
             return {"lark_grammar": "start: " + " | ".join(json.dumps(o) for o in json.loads(self.value))}
         text = self.value
         if "::=" in text:  # GBNF (llama.cpp's, xgrammar's): llguidance converts it
-            import llguidance
+            from llguidance.gbnf_to_lark import gbnf_to_lark  # the module, not the package attribute
 
             try:
-                text = llguidance.gbnf_to_lark(text)
+                text = gbnf_to_lark(text)
             except Exception as e:  # the converter raises plain exceptions on bad input
                 raise UnmaskError(f"grammar: GBNF could not be read: {e}", param="grammar") from None
         return {"lark_grammar": text}
