@@ -56,3 +56,16 @@ def test_gbnf_grammars_are_read(llm):
     with pytest.raises(UnmaskError, match="GBNF could not be read"):
         llm.generate(["copy : red"], llm.default_params(gen_length=8), chat=False,
                      constraint=Constraint.of("grammar", "root ::= ( unclosed"))
+
+
+def test_cli_usage_errors_for_templates_and_training(tmp_path, capsys):
+    from unmask.cli import main
+
+    assert main(["generate", "--template", "--prompt-ids", "1,2", "copy : red <|hole:2|>"]) == 2
+    assert "--prompt-ids cannot be one" in capsys.readouterr().err
+    out = tmp_path / "run"
+    rc = main(["train", "--out", str(out), "--kind", "diffusion", "--layers", "1", "--d-model", "32", "--heads", "2",
+               "--mlp", "64", "--gen-length", "4", "--batch", "4", "--steps", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "use --gen-length" in err and "internal error" not in err
+    assert not out.exists()  # nothing half-written left behind

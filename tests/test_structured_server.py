@@ -175,3 +175,21 @@ def test_response_format_json_object_on_both_endpoints(client):
     text = client.completions.create(model="default", prompt="json : pet cat", max_tokens=24,
                                      extra_body={"response_format": {"type": "text"}}).choices[0].text
     assert text == client.completions.create(model="default", prompt="json : pet cat", max_tokens=24).choices[0].text
+
+
+def test_stop_with_structured_output_or_a_forced_call_is_refused_by_name(server):
+    """A stop string would cut the output outside its language: refused, whole and streamed."""
+    import httpx as _httpx
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    bodies = [
+        ("/v1/completions", {"prompt": "json : name bob", "stop": ['"'], "max_tokens": 24,
+                             "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "json : name bob"}], "stop": ["x"],
+                                  "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                                  "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ]
+    for path, body in bodies:
+        for stream in (False, True):
+            r = _httpx.post(server.url + path, json={**body, "stream": stream}, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text

@@ -255,6 +255,9 @@ def _template(a: argparse.Namespace) -> str | None:
     if a.template:
         if a.prompt is None:
             raise UnmaskError("--template reads the prompt text as a template; give the prompt text")
+        if a.prompt_ids is not None:
+            raise UnmaskError("--template reads the prompt text as a template; --prompt-ids cannot be one "
+                              "(give the template as text)")
         return a.prompt
     return None
 

@@ -93,6 +93,9 @@ async def grammar_for(engine, body, params: GenerationParams, holes: dict) -> ob
     constraint = body.constraint()
     if constraint is None:
         return None
+    if body.stops():  # a stop string would cut the output outside its language
+        raise APIError(400, "stop strings do not apply with structured output or a forced tool call: the output "
+                            "must stay a word of its language (it ends where the grammar ends)", param="stop")
     make = getattr(engine.engine, "grammar", None)
     if make is None:
         raise APIError(400, "structured output is not supported under tensor parallelism yet", param="response_format")

@@ -108,7 +108,10 @@ def _encode(examples: list[Example], tok: Tokenizer, gen_length: int) -> list[tu
         p = tok.encode(ex.prompt).ids
         a = tok.encode(ex.answer, add_special_tokens=False).ids
         if len(a) >= gen_length:
-            raise ValueError(f"answer of {len(a)} tokens does not fit gen_length {gen_length}: {ex.answer!r}")
+            from unmask.errors import UnmaskError
+
+            raise UnmaskError(f"gen_length {gen_length}: a {ex.task} answer of {len(a)} tokens and its end of text do "
+                              f"not fit ({ex.answer[:60]!r}); use --gen-length {len(a) + 1} or more", param="gen_length")
         out.append((p, a))
     return out
 
