@@ -62,3 +62,11 @@ def plain_kernel(monkeypatch):
     references at 1e-5, a bar two GEMM kernels need not meet (oneDNN against F.linear differed by
     1.3e-5 on one CI machine). The kernels' own agreement is tests/test_linear_kernels.py's."""
     monkeypatch.setenv("UNMASK_LINEAR_KERNEL", "default")
+
+
+@pytest.fixture(scope="session")
+def embedded_ar_code():
+    """The embedded code model's autoregressive twin (prefix-suffix-middle infilling)."""
+    from unmask import LLM
+
+    return LLM("default-code-ar")

@@ -182,3 +182,19 @@ def test_diffusing_streams_the_canvas_as_it_fills(server, embedded):
         server, prompt=PREFIX, suffix=SUFFIX, max_tokens=8)["text"]
     r = httpx.post(server.url + "/v1/completions", json={**body, "stream": False, "diffusing": True}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "diffusing"
+
+
+def test_an_ar_twins_prefix_suffix_middle_counts_its_markers(embedded_ar_code):
+    """The prompt tokens of a hole on a prefix-suffix-middle AR model are what it reads (its three
+    markers included): a repeated request's cached tokens never exceed them."""
+    s = Server(embedded_ar_code, served_model_name="m")
+    try:
+        prompt = "def add(a, b):\n    total = a + b\n    for i in range(10):\n        total += i * 2\n"
+        body = {"prompt": prompt, "suffix": "    return c\n", "max_tokens": 8}
+        uses = [httpx.post(s.url + "/v1/completions", json=body, timeout=60).json()["usage"] for _ in range(2)]
+        ids = embedded_ar_code.encode([prompt], chat=False)[0]
+        tail = embedded_ar_code.tokenizer.encode("    return c\n", add_special_tokens=False)
+        assert uses[0]["prompt_tokens"] == len(ids) + len(tail) + 3
+        assert 0 < uses[1]["prompt_tokens_details"]["cached_tokens"] <= uses[1]["prompt_tokens"]
+    finally:
+        s.stop()

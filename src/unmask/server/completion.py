@@ -17,6 +17,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from unmask.errors import UnmaskError
+from unmask.inputs import layout
 from unmask.llm import LLM
 from unmask.params import GenerationParams
 from unmask.server import openai
@@ -119,9 +120,13 @@ class Completion:
 
     @property
     def prompt_tokens(self) -> int:
-        """The given text's tokens: the prompt, the suffix and a template's fixed text between holes."""
+        """The tokens the model reads besides what it writes: the prompt, the suffix (laid out as
+        the model reads them: an autoregressive model's prefix-suffix-middle adds its three
+        markers) and a template's fixed text between holes."""
         fixed = 0 if self.template is None else len(self.template.region) - self.template.masks
-        return len(self.ids) + len(self.holes.get("suffix") or []) + fixed
+        llm = self.streams[0].llm
+        prompt, suffix = layout(list(self.ids), list(self.holes.get("suffix") or []), llm.arch, llm.token_ids)
+        return len(prompt) + len(suffix) + fixed
 
     def reason(self, i: int) -> str:
         if self.template is not None:  # every hole ended with an end of text
