@@ -69,3 +69,14 @@ def test_cli_usage_errors_for_templates_and_training(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "use --gen-length" in err and "internal error" not in err
     assert not out.exists()  # nothing half-written left behind
+
+
+def test_a_language_too_long_or_unwritable_says_which(llm):
+    """'No completion within gen_length' only when more room would do, with the room it takes;
+    a language the vocabulary cannot finish says that instead."""
+    with pytest.raises(UnmaskError, match="one of 13 tokens exists: raise gen_length"):
+        llm.generate(["copy : red"], llm.default_params(gen_length=8), chat=False,
+                     constraint=Constraint.of("regex", "(red ){12}red"))
+    with pytest.raises(UnmaskError, match="cannot write some text the language needs"):
+        llm.generate(["copy : red"], llm.default_params(gen_length=8), chat=False,
+                     constraint=Constraint.of("regex", "red zzzz"))

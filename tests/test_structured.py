@@ -107,7 +107,7 @@ def test_every_policy_and_cache_writes_the_language(bpe_llada, setting):
         try:
             out = bpe_llada.generate([tok.encode("hello " * (i + 1))], setting, constraint=c)
         except UnmaskError as e:
-            assert "no completion within" in str(e)
+            assert "no completion within" in str(e) or "cannot write some text the language needs" in str(e)
             refused += 1
             continue
         r = out.results[0]

@@ -272,8 +272,15 @@ class RowGrammar:
                                      and not self.m.is_accepting()):
                 raise UnmaskError(f"{constraint.describe()}: matches nothing this {vocab.kind} tokenizer can write "
                                   "(no text of this vocabulary starts a word of the language)", param=constraint.kind)
-            raise UnmaskError(f"{constraint.describe()}: no completion within gen_length {length} tokens was found; "
-                              "raise gen_length", param=constraint.kind)
+            longer = max(4 * length, 256)
+            room = vocab.complete(self.m, longer, tries=16)  # is it the length, or the vocabulary?
+            if room is None:
+                raise UnmaskError(f"{constraint.describe()}: this {vocab.kind} tokenizer's text starts words of the "
+                                  f"language but completes none within {longer} tokens: it cannot write some text the "
+                                  "language needs", param=constraint.kind)
+            raise UnmaskError(f"{constraint.describe()}: no completion within gen_length {length} tokens; one "
+                              f"of {len(room)} tokens exists: raise gen_length to at least that",
+                              param=constraint.kind)
         self.plan = plan
 
     def copy(self) -> "RowGrammar":
