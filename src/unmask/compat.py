@@ -256,8 +256,26 @@ class DllmBD3LM(_Dllm):
         return replace(super().resolve(p), cache="exact" if p.cache == "none" else p.cache)
 
 
+class _Kuleshov(CompatMode):
+    """What the BD3-LM and MDLM repositories' samplers share: they always sample, at temperature 1
+    (the unset 0 becomes 1), and unmask by their own draws."""
+
+    policies = ("fixed",)
+    caches = ("none",)
+    tiles = False  # their own canvases, checked by their loops
+
+    def resolve(self, p):
+        return replace(p, temperature=1.0 if p.temperature == 0 else p.temperature)
+
+    def check(self, p, subject=None):
+        self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
+        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
+                   subject)
+        super().check(p, subject)
+
+
 @register
-class BD3LMs(CompatMode):
+class BD3LMs(_Kuleshov):
     """The BD3-LM repository's sampler (kuleshov-group/bd3lms `Diffusion._semi_ar_sampler`) on an
     MDLM or BD3-LM checkpoint: sequences from BOS (a prompt, if any, after it), in strides of the
     model's block (MDLM: one), `steps` per stride (its T; default 5000, as its generation scripts),
@@ -268,29 +286,22 @@ class BD3LMs(CompatMode):
     reference = "BD3-LM's semi-AR sampler (kuleshov-group/bd3lms)"
     family = "bd3lm"
     also = ("mdlm",)
-    policies = ("fixed",)
-    caches = ("none",)
-    loop = "bd3lms"
-    tiles = False  # strides of the model's own block, checked by the loop against the canvas
+    loop = "bd3lms"  # strides of the model's own block, checked by the loop against the canvas
     top_k_top_p = True
     fields: ClassVar[dict] = {"first_hitting": Knob(
         None, bool, "compat bd3lms: commit one uniformly chosen mask per forward (the reference's default, true), "
         "or false: its DDPM update over `steps` timesteps")}
 
     def resolve(self, p):
-        first = True if p.first_hitting is None else p.first_hitting
-        return replace(p, first_hitting=first, temperature=1.0 if p.temperature == 0 else p.temperature)
+        return replace(super().resolve(p), first_hitting=True if p.first_hitting is None else p.first_hitting)
 
     def check(self, p, subject=None):
-        self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
         self._need(p, p.top_k is None, f"top_k {p.top_k} (its nucleus is top_p)", subject)
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
-                   subject)
         super().check(p, subject)
 
 
 @register
-class MDLMRepo(CompatMode):
+class MDLMRepo(_Kuleshov):
     """The MDLM repository's sampler (kuleshov-group/mdlm `Diffusion._sample`) on an MDLM checkpoint:
     the whole sequence from masks (a prompt, possibly empty, committed first), `steps` timesteps
     (default 128, its config's), `predictor` ddpm_cache (its default) or ddpm, `noise_removal`,
@@ -300,10 +311,7 @@ class MDLMRepo(CompatMode):
     name = "mdlm"
     reference = "MDLM's _sample (kuleshov-group/mdlm)"
     family = "mdlm"
-    policies = ("fixed",)
-    caches = ("none",)
-    loop = "mdlm"
-    tiles = False  # one canvas, no blocks
+    loop = "mdlm"  # one canvas, no blocks
     unconditional = True
     fields: ClassVar[dict] = {
         "predictor": Knob(None, str, "compat mdlm: its sampling.predictor, ddpm_cache (default: a step that changes "
@@ -313,15 +321,8 @@ class MDLMRepo(CompatMode):
     }
 
     def resolve(self, p):
-        return replace(p, predictor=p.predictor or "ddpm_cache",
-                       noise_removal=True if p.noise_removal is None else p.noise_removal,
-                       temperature=1.0 if p.temperature == 0 else p.temperature)
-
-    def check(self, p, subject=None):
-        self._need(p, p.temperature == 1.0, f"temperature {p.temperature} (it samples at temperature 1 only)", subject)
-        self._need(p, p.remasking == "low_confidence", f"remasking {p.remasking!r} (it unmasks by its own draws)",
-                   subject)
-        super().check(p, subject)
+        return replace(super().resolve(p), predictor=p.predictor or "ddpm_cache",
+                       noise_removal=True if p.noise_removal is None else p.noise_removal)
 
 
 def topk_rows(score: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -220,29 +220,31 @@ class DiffusionLM(nn.Module):
         embed, blocks, norm, head = self.parts()
         x = embed(input_ids)
         rope = self.rope(positions)
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        if attn_mask is not None:
-            mask = attn_mask
-        elif self.config.causal:
-            mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
-        elif self.config.block_size:
-            mask = _with_blocks(mask, positions, kv, self.config.block_size)
+        mask = self.attention_mask(input_ids, positions, kv, kv_start, key_mask, attn_mask)
         feats = []
         for i, block in enumerate(blocks):
             x = block(x, rope, kv, i, kv_start, mask)
             if capture is not None and i in capture:
                 feats.append(x)
-        if isinstance(logits_slice, torch.Tensor):  # (B, n) hidden positions per row
-            x = x.gather(1, logits_slice[..., None].expand(-1, -1, x.shape[-1]))
-        elif logits_slice is not None:  # only positions that can commit need the vocabulary projection
-            x = x[:, logits_slice]
-        x = norm(x)
+        x = norm(select_positions(x, logits_slice))
         logits = x @ embed.weight.T if head is None else head(x)
         if self.tp is not None and not vocab_local:
             logits = self.tp.gather_vocab(logits, self.config.vocab_size)
         if capture is not None:
             return logits, torch.cat([feats[sorted(capture).index(i)] for i in capture], dim=-1)
         return logits
+
+    def attention_mask(self, input_ids, positions, kv, kv_start, key_mask, attn_mask) -> torch.Tensor | None:
+        """The attention rule of a forward: `attn_mask` when given, else the padding mask combined
+        with the model's own rule (causal, block-diffusion blocks, or none)."""
+        if attn_mask is not None:
+            return attn_mask
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        if self.config.causal:
+            return _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
+        if self.config.block_size:
+            return _with_blocks(mask, positions, kv, self.config.block_size)
+        return mask
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings (a drafter embeds its noise block with its target's)."""
@@ -252,6 +254,14 @@ class DiffusionLM(nn.Module):
         """Logits of hidden states (a drafter's, through its target's head)."""
         embed, _, _, head = self.parts()
         return hidden @ embed.weight.T if head is None else head(hidden)
+
+
+def select_positions(x: torch.Tensor, logits_slice) -> torch.Tensor:
+    """The hidden states that need the vocabulary projection: a slice shared by all rows, a (B, n)
+    tensor of positions per row, or None for all (only positions that can commit need it)."""
+    if isinstance(logits_slice, torch.Tensor):
+        return x.gather(1, logits_slice[..., None].expand(-1, -1, x.shape[-1]))
+    return x if logits_slice is None else x[:, logits_slice]
 
 
 def _with_causal(mask, q: int, kv: KVBuffer | None, kv_start, device) -> torch.Tensor:

@@ -41,7 +41,7 @@ from torch import nn
 from unmask.errors import CheckpointError
 from unmask.layers.blocks import fused_self_attention
 from unmask.layers.rope import RotaryEmbedding
-from unmask.models.base import ArchConfig, DiffusionLM, _with_blocks, _with_causal, cfg_flag, cfg_int
+from unmask.models.base import ArchConfig, DiffusionLM, cfg_flag, cfg_int, select_positions
 
 # the tokenizer the releases were trained with (their model cards load it by this name)
 TOKENIZER_FROM = "openai-community/gpt2"
@@ -246,20 +246,10 @@ class DiTModel(DiffusionLM):
         if self.config.layout.adaln:  # sigma = 0 (no time conditioning), one row per sequence as the release runs
             cond = F.silu(b.sigma_map(torch.zeros(x.shape[0], device=x.device)))
         rope = self.rope(positions)
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        if attn_mask is not None:
-            mask = attn_mask
-        elif self.config.causal:
-            mask = _with_causal(mask, input_ids.shape[1], kv, kv_start, input_ids.device)
-        elif self.config.block_size:
-            mask = _with_blocks(mask, positions, kv, self.config.block_size)
+        mask = self.attention_mask(input_ids, positions, kv, kv_start, key_mask, attn_mask)
         for i, block in enumerate(b.blocks):
             x = block(x, rope, kv, i, kv_start, mask, cond)
-        if isinstance(logits_slice, torch.Tensor):
-            x = x.gather(1, logits_slice[..., None].expand(-1, -1, x.shape[-1]))
-        elif logits_slice is not None:
-            x = x[:, logits_slice]
-        logits = b.output_layer(x, cond)
+        logits = b.output_layer(select_positions(x, logits_slice), cond)
         logits[..., -1] = -torch.inf  # the mask token (subs parameterization)
         return logits
 

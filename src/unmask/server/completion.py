@@ -199,18 +199,17 @@ class Completion:
             pieces.append(self.streams[0].llm.tokenizer.decode(run))
         return "".join(pieces)
 
-    async def diffusing_events(self):
-        """Inception's diffusing stream: per step, each choice's whole canvas (replacing its last
-        chunk); its final chunk the answer as a whole response has it, with finish_reason."""
+    def streamed(self):
+        """What a streamed response sends: OpenAI's framing around the committed-prefix chunks, or
+        the diffusing ones (a subclass with its own shape and framing returns its own events)."""
+        return self.stream(self.diffusing_events() if self.diffusing else self.events())
+
+    async def stream(self, chunks):
+        """An OpenAI stream: the `chunks` (server-sent events per update), then usage when asked
+        and [DONE]; an error after the stream started is an error event before it closes."""
         try:
-            async for i, out in self.updates():
-                self.step(i, out)
-                if not self.done[i]:
-                    if out.canvas is not None:
-                        yield sse(self._chunk(i, self.canvas_text(out), None, False))
-                    continue
-                self.streams[i].flush()
-                yield sse(self._chunk(i, self.streams[i].text, self.reason(i), False))
+            async for event in chunks:
+                yield event
             if all(self.done):
                 if self.body.stream_options and self.body.stream_options.include_usage:
                     use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
@@ -221,36 +220,38 @@ class Completion:
         finally:
             self.cleanup()
 
+    async def diffusing_events(self):
+        """Inception's diffusing stream: per step, each choice's whole canvas (replacing its last
+        chunk); its final chunk the answer as a whole response has it, with finish_reason."""
+        async for i, out in self.updates():
+            self.step(i, out)
+            if not self.done[i]:
+                if out.canvas is not None:
+                    yield sse(self._chunk(i, self.canvas_text(out), None, False))
+                continue
+            self.streams[i].flush()
+            yield sse(self._chunk(i, self.streams[i].text, self.reason(i), False))
+
     async def events(self):
         first = [True] * self.n
-        try:
-            async for i, out in self.updates():
-                delta = self.step(i, out)
-                if self.call is not None and self.call.name is None:  # "required": nothing until it is whole
-                    delta = ""
+        async for i, out in self.updates():
+            delta = self.step(i, out)
+            if self.call is not None and self.call.name is None:  # "required": nothing until it is whole
+                delta = ""
+            lps = self._logprobs(i)
+            if delta or (lps is not None and lps.get("content", lps.get("tokens"))):
+                yield sse(self._chunk(i, self._delta(i, delta, first[i]), None, first[i], lps))
+                first[i] = False
+            if self.done[i]:
+                tail = self.streams[i].flush()
                 lps = self._logprobs(i)
-                if delta or (lps is not None and lps.get("content", lps.get("tokens"))):
-                    yield sse(self._chunk(i, self._delta(i, delta, first[i]), None, first[i], lps))
-                    first[i] = False
-                if self.done[i]:
-                    tail = self.streams[i].flush()
-                    lps = self._logprobs(i)
-                    whole_call = self.call is not None and self.call.name is None
-                    if tail or first[i] or whole_call or (lps is not None and lps.get("content", lps.get("tokens"))):
-                        yield sse(self._chunk(i, self._delta(i, tail, first[i]), None, first[i], lps))
-                    last = self._chunk(i, None, self.reason(i))
-                    if self.template is not None:  # unmask's: each hole's text, with the finish
-                        last["choices"][0]["holes"] = self.streams[i].hole_texts()
-                    yield sse(last)
-            if all(self.done):
-                if self.body.stream_options and self.body.stream_options.include_usage:
-                    use = openai.usage(self.reqs, self.streams, self.prompt_tokens)
-                    yield sse(openai.usage_chunk(self.kind, self.rid, self.created, self.model, use))
-                yield "data: [DONE]\n\n"
-        except Exception as e:  # an error after the stream started: an error event, then close
-            yield sse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error", "code": 500}})
-        finally:
-            self.cleanup()
+                whole_call = self.call is not None and self.call.name is None
+                if tail or first[i] or whole_call or (lps is not None and lps.get("content", lps.get("tokens"))):
+                    yield sse(self._chunk(i, self._delta(i, tail, first[i]), None, first[i], lps))
+                last = self._chunk(i, None, self.reason(i))
+                if self.template is not None:  # unmask's: each hole's text, with the finish
+                    last["choices"][0]["holes"] = self.streams[i].hole_texts()
+                yield sse(last)
 
     async def whole(self) -> dict:
         try:
@@ -274,7 +275,7 @@ class Completion:
 
     async def respond(self):
         if self.body.stream:
-            return StreamingResponse(self.diffusing_events() if self.diffusing else self.events(),
+            return StreamingResponse(self.streamed(),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self.whole()

@@ -91,6 +91,9 @@ class LlamaInfill(Completion):
             results.append(project(self._result(i, text, cut), self.body.response_fields))
         return results[0] if self.n == 1 else results
 
+    def streamed(self):  # its own shape and framing
+        return self.events()
+
     async def events(self):
         ended = [False] * self.n
         try:

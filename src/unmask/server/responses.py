@@ -60,6 +60,9 @@ class Response(Completion):
         await super().whole()  # decodes the one choice (raises as a chat completion would)
         return self._object(self._status(), self.streams[0].text)
 
+    def streamed(self):  # its own shape and framing
+        return self.events()
+
     async def events(self):
         seq = itertools.count()
         part = {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
