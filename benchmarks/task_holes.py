@@ -14,6 +14,7 @@ tokenisation excluded), batch 8, float32, this CPU.
 """
 
 import argparse
+import dataclasses
 import os
 import random
 import time
@@ -68,11 +69,57 @@ def run(llm: LLM, hs: list[dict], length, schedule: str, hole_length: str, batch
             "forwards_per_hole": forwards / len(hs), "seconds_per_hole": seconds / len(hs), "flags": right}
 
 
+def two_holes(split: str, n: int, seed: int = 1) -> list[dict]:
+    """Templates of two holes in one answer (1-2 words each, a word or more before, between and
+    after them)."""
+    rng, out = random.Random(seed), []
+    for task in TASKS:
+        for ex in split_examples(task, split, 40):
+            w = ex.answer.split()
+            if len(w) < 5:
+                continue
+            k1, k2 = rng.randint(1, 2), rng.randint(1, 2)
+            if len(w) < k1 + k2 + 3:
+                continue
+            i = rng.randint(1, len(w) - k1 - k2 - 2)
+            j = rng.randint(i + k1 + 1, len(w) - k2 - 1)
+            out.append({"task": task, "pieces": [ex.prompt + " " + " ".join(w[:i]), " " + " ".join(w[i + k1:j]),
+                                                 " " + " ".join(w[j + k2:])],
+                        "middles": [" ".join(w[i:i + k1]), " ".join(w[j:j + k2])]})
+    rng.shuffle(out)
+    return out[:n]
+
+
+def run_templates(llm: LLM, ts: list[dict], length, hole_length: str, batch: int) -> dict:
+    """Decode every two-hole template through LLM.infill (`length`: a hole's marker length, a
+    function of its middle) at one token per forward over the hole positions."""
+    right, holes_right, forwards, seconds = [], 0, 0, 0.0
+    params = llm.default_params(hole_length=hole_length, policy="fixed", cache="none")
+    params = dataclasses.replace(params, steps=params.gen_length)  # one token per forward
+    for i in range(0, len(ts), batch):
+        part = ts[i : i + batch]
+        texts = ["".join(p + f"<|hole:{length(m)}|>" for p, m in zip(t["pieces"], t["middles"])) + t["pieces"][-1]
+                 for t in part]
+        t0 = time.perf_counter()
+        out = llm.infill(texts, params)
+        seconds += time.perf_counter() - t0
+        for t, r in zip(part, out.results):
+            ok = [h.strip() == m for h, m in zip(r.holes, t["middles"])]
+            holes_right += sum(ok)
+            right.append(all(ok))
+            forwards += r.nfe
+    k = sum(right)
+    return {"exact": k, "of": len(ts), "rate": k / len(ts), "interval": wilson_interval(k, len(ts)),
+            "holes_exact": holes_right, "holes": 2 * len(ts), "forwards_per_template": forwards / len(ts),
+            "seconds_per_template": seconds / len(ts), "flags": right}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--split", default="report")
     ap.add_argument("--n", type=int, default=90)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--templates", type=int, default=60, help="two-hole templates (0: none)")
     ap.add_argument("--out", default="benchmarks/results/task_holes.json")
     a = ap.parse_args()
     llm = LLM("default")
@@ -89,6 +136,20 @@ def main() -> None:
             if name.endswith(f"({schedule})"):
                 print(f"{name:24s} {r['exact']:3d}/{r['of']}  [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]  "
                       f"{r['forwards_per_hole']:.2f} forwards/hole  {1000 * r['seconds_per_hole']:.1f} ms/hole")
+    if a.templates:
+        ts = two_holes(a.split, a.templates)
+        true_t = lambda m: len(llm.tokenizer.encode(" " + m, add_special_tokens=False))  # noqa: E731
+        for name, length, mode in (("templates: true length", true_t, "exact"),
+                                   (f"templates: bound {BOUND}", lambda m: BOUND, "bound"),
+                                   (f"templates: fixed {BOUND}", lambda m: BOUND, "exact")):
+            rows[name] = run_templates(llm, ts, length, mode, a.batch)
+        for name in (f"templates: bound {BOUND}", f"templates: fixed {BOUND}"):
+            rows[name]["vs_true"] = paired_bootstrap(rows[name]["flags"], rows["templates: true length"]["flags"])
+        for name, r in rows.items():
+            if name.startswith("templates"):
+                print(f"{name:24s} {r['exact']:3d}/{r['of']} both holes ({r['holes_exact']}/{r['holes']} holes)  "
+                      f"[{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]  {r['forwards_per_template']:.2f} forwards  "
+                      f"{1000 * r['seconds_per_template']:.1f} ms/template")
     write_json_atomic(a.out, {"context": {**context(), "timer_includes": TIMER_INCLUDES, "batch": a.batch,
                                           "split": a.split, "bound": BOUND, "setup": __doc__.split("\n\n")[1]},
                               "holes": [{k: v for k, v in h.items() if not k.startswith("_")} for h in hs],

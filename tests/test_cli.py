@@ -119,7 +119,8 @@ def test_generate_with_a_suffix_and_a_template(capsys, llada_dir, tmp_path):
     (["--template-file", "/nonexistent/t.txt"], "cannot read it as UTF-8 text"),
     (["--template", "w1 w2"], "template has no hole"),
     (["w1", "--suffix", "w2", "--chat"], "--chat wraps the prompt in the chat template"),
-    (["--template", "w1 <|hole:2|> w2 <|hole:2|>", "--policy", "edit"], "could rewrite the fixed text"),
+    (["--template", "w1 <|hole:2|> w2 <|hole:2|>", "--policy", "edit", "--hole-length", "exact"],
+     "could rewrite the fixed text"),
 ])
 def test_infilling_flag_errors(capsys, llada_dir, args, needle):
     code, _, err = run(capsys, "generate", "--model", str(llada_dir), *args)

@@ -2,6 +2,8 @@
 full-attention masked model decodes the hole against both sides, every cache included; models
 that cannot see text after the hole refuse it by name."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -96,20 +98,22 @@ def test_a_template_decodes_its_holes_as_one_block_over_the_masks(llada):
     mask = llada.token_ids.mask
     t = holes.encode(llada.tokenizer, TEMPLATE, mask, 8)
     assert len(t.region) == 4 + 2 + 3 and t.holes == ((0, 4), (6, 9)) and t.fill == t.region
-    out = llada.infill(TEMPLATE, GenerationParams(policy="fixed", early_stop=True))
+    out = llada.infill(TEMPLATE, GenerationParams(policy="fixed", early_stop=True, hole_length="exact"))
     res = out.results[0]
     ref = _reference_infill(llada.model, mask, t.prompt, t.suffix, 9, 9, 7, region=t.region)
     assert res.raw_ids == ref
     assert res.raw_ids[4:6] == t.region[4:6]  # the fixed text is never touched
     assert mask not in res.raw_ids and res.nfe == 7  # one token per step over the 7 hole positions
     assert len(res.holes) == 2 and " w5 w6 " in f" {res.text} "
-    half = llada.infill(TEMPLATE, GenerationParams(policy="fixed", gen_length=8, steps=4)).results[0]
+    half = llada.infill(TEMPLATE, GenerationParams(policy="fixed", gen_length=8, steps=4,
+                                                   hole_length="exact")).results[0]
     assert half.nfe == 4  # the given tokens per step (steps / gen_length = 1/2) on 7 masks
 
 
+@pytest.mark.parametrize("hole_length", ["exact", "bound"])
 @pytest.mark.parametrize("cache", ["prefix", "dual", "adaptive"])
-def test_templates_under_every_cache_refreshed_each_step_equal_no_cache(llada, cache):
-    p = dict(policy="threshold", threshold=0.3, early_stop=False)
+def test_templates_under_every_cache_refreshed_each_step_equal_no_cache(llada, cache, hole_length):
+    p = dict(policy="threshold", threshold=0.3, early_stop=False, hole_length=hole_length)
     base = llada.infill([TEMPLATE, "w9 <|hole:2|> w4 <|hole:5|> w3"], GenerationParams(**p))
     every = llada.infill([TEMPLATE, "w9 <|hole:2|> w4 <|hole:5|> w3"],
                          GenerationParams(cache=cache, refresh_interval=1, **p))
@@ -128,6 +132,23 @@ def test_one_hole_templates_are_prompt_hole_suffix(llada):
                                             chat=False).results[0].raw_ids
 
 
+def test_bounded_holes_decode_one_after_another(llada):
+    """Holes whose lengths are bounds (the native default): hole by hole, left to right, each the
+    single hole of prompt + the text before it (earlier holes filled) + the fixed text up to the next
+    hole; a revising policy may run (it revises only the hole it decodes)."""
+    p = GenerationParams(policy="fixed", gen_length=8, block_length=8, steps=8)
+    res = llada.infill(TEMPLATE, p).results[0]
+    first = llada.generate("w1 w2 w3", dataclasses.replace(p, gen_length=4, block_length=4, steps=4),
+                           suffix=" w5 w6", chat=False).results[0]
+    assert res.holes[0] == first.text
+    second = llada.generate(f"w1 w2 w3 {first.text} w5 w6".replace("  ", " "), dataclasses.replace(
+        p, gen_length=3, block_length=3, steps=3), suffix=" w7 w8", chat=False).results[0]
+    assert res.holes[1] == second.text and res.nfe == first.nfe + second.nfe
+    assert len(res.raw_ids) == 9 and res.raw_ids[4:6] == llada.tokenizer.encode(" w5 w6", add_special_tokens=False)
+    edited = llada.infill(TEMPLATE, GenerationParams(policy="remdm")).results[0]
+    assert len(edited.holes) == 2
+
+
 def test_hole_texts_are_cut_at_their_end_of_text():
     from unmask import holes
 
@@ -139,7 +160,7 @@ def test_hole_texts_are_cut_at_their_end_of_text():
 
 def test_template_refusals(llada, embedded_block):
     with pytest.raises(UnmaskError, match="revises committed tokens and could rewrite the fixed text"):
-        llada.infill(TEMPLATE, GenerationParams(policy="remdm"))
+        llada.infill(TEMPLATE, GenerationParams(policy="remdm", hole_length="exact"))
     with pytest.raises(UnmaskError, match="block-diffusion model attends to earlier blocks only"):
         embedded_block.infill("copy : red <|hole:4|> owl")
     with pytest.raises(UnmaskError, match="compat 'llada' reproduces a sampler's batch of one shape"):

@@ -657,7 +657,7 @@ def test_template_streamed_equals_whole_equals_llm_infill(llm, client):
     ({"prompt": TEMPLATE, "template": True, "stop": ["x"]}, "stop strings do not apply to a template"),
     ({"prompt": "json : <|hole:0|>", "template": True}, "has no room"),
     ({"prompt": "json : color", "template": True}, "template has no hole"),
-    ({"prompt": TEMPLATE, "template": True, "policy": "edit"}, "could rewrite the fixed text"),
+    ({"prompt": TEMPLATE, "template": True, "policy": "edit", "hole_length": "exact"}, "could rewrite the fixed text"),
 ])
 def test_infilling_errors(server, body, needle):
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)

@@ -17,7 +17,9 @@ whose schedule spreads over the hole positions only, at the tokens per step the 
 imply (steps / gen_length); the row runs to the end of its region (an end of text ends a hole,
 not the row), and a policy that revises committed tokens is refused (it could rewrite the fixed
 text). Each hole's text is cut at its first end-of-text token (end-of-text padding is how a fixed
--length hole holds shorter text)."""
+-length hole holds shorter text) and, where its length is bounded (`hole_length` "bound", the
+native default), where it goes on with the text after it (the next fixed text, or the suffix after
+the last hole: sampler.stops.suffix_overlap), as one hole's middle is."""
 
 import math
 import re
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from unmask.errors import UnmaskError
 from unmask.params import GenerationParams
+from unmask.sampler.stops import suffix_overlap
 from unmask.tokenizer import Tokenizer
 
 MARKER = re.compile(r"<\|hole(?::([0-9]+))?\|>")  # ASCII digits only (\d also matches other scripts' digits)
@@ -51,6 +54,18 @@ class Template:
     @property
     def masks(self) -> int:
         return sum(e - s for s, e in self.holes)
+
+    def round(self, h: int, filled: list[list[int]]) -> "Template":
+        """Hole `h` as a template of one hole (several holes whose lengths are bounds decode one
+        after another, left to right): the prompt, the fixed text and the holes before it
+        (`filled`: their texts), hole h, and as its suffix the fixed text up to the next hole."""
+        s, e = self.holes[h]
+        before = region_ids(replace(self, holes=self.holes[:h], region=self.region[:s]), filled[:h])
+        return Template(self.prompt + before, [self.region[s]] * (e - s), self.after(h), ((0, e - s),))
+
+    def after(self, h: int) -> list[int]:
+        """The fixed text after hole `h` (the suffix after the last; empty between adjacent holes)."""
+        return list(self.region[self.holes[h][1] : self.holes[h + 1][0]]) if h + 1 < len(self.holes) else self.suffix
 
 
 def has_holes(text: str) -> bool:
@@ -122,15 +137,26 @@ def params_for(params: GenerationParams, t: Template) -> GenerationParams:
     return replace(params, gen_length=G, block_length=G // blocks, steps=steps)
 
 
-def hole_ids(t: Template, raw: list[int], stop_ids) -> list[list[int]]:
-    """Each hole's generated ids from the decoded region, cut at the hole's first stop id."""
+def cut_hole(t: Template, h: int, ids: list[int], stops, bounded: bool) -> tuple[list[int], bool, int]:
+    """Hole `h`'s text from its decoded ids so far (its committed prefix): (the text's ids, whether
+    the hole has ended — an end of text, or with `bounded` its going on with the text after it —,
+    how many of those ids are final while the hole is still being written: the rest may yet begin
+    the text after it)."""
+    stop = next((k for k, tok in enumerate(ids) if tok in stops), None)
+    ids = list(ids[:stop])
+    if not bounded:
+        return ids, stop is not None, len(ids)
+    at, safe = suffix_overlap(ids, t.after(h))
+    if at is not None:
+        return ids[:at], True, at
+    return ids, stop is not None, len(ids) if stop is not None else safe
+
+
+def hole_ids(t: Template, raw: list[int], stop_ids, bounded: bool = False) -> list[list[int]]:
+    """Each hole's generated ids from the decoded region, cut at the hole's first stop id (and,
+    `bounded`, where it goes on with the text after it)."""
     stops = set(stop_ids)
-    out = []
-    for s, e in t.holes:
-        ids = list(raw[s:e])
-        cut = next((k for k, tok in enumerate(ids) if tok in stops), len(ids))
-        out.append(ids[:cut])
-    return out
+    return [cut_hole(t, h, raw[s:e], stops, bounded)[0] for h, (s, e) in enumerate(t.holes)]
 
 
 def region_ids(t: Template, holes: list[list[int]]) -> list[int]:
@@ -139,7 +165,7 @@ def region_ids(t: Template, holes: list[list[int]]) -> list[int]:
     for (s, e), ids in zip(t.holes, holes):
         out += t.region[at:s] + ids
         at = e
-    return out
+    return out + t.region[at:]
 
 
 def fill_in(text: str, hole_texts: list[str]) -> str:

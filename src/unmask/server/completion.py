@@ -16,6 +16,7 @@ from dataclasses import replace
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from unmask import holes as holes_
 from unmask.errors import UnmaskError
 from unmask.inputs import layout
 from unmask.llm import LLM
@@ -26,6 +27,25 @@ from unmask.server.openai import APIError, sse
 from unmask.server.text import TextStream
 
 MASK_GLYPH = "\u2591"  # a diffusing chunk's open position (light shade)
+
+
+class _Rounds:
+    """A template's engine requests, one per hole (holes whose lengths are bounds), as one
+    request: forwards and counters summed, the prompt's cached tokens those of the first."""
+
+    def __init__(self) -> None:
+        self.parts: list = []
+
+    nfe = property(lambda self: sum(r.nfe for r in self.parts))
+    cached_tokens = property(lambda self: self.parts[0].cached_tokens if self.parts else 0)
+    finish_reason = property(lambda self: self.parts[-1].finish_reason if self.parts else None)
+
+    def counters(self) -> dict:
+        out: dict = {}
+        for r in self.parts:
+            for k, v in r.counters().items():
+                out[k] = out.get(k, 0) + v
+        return out
 
 
 class Completion:
@@ -40,7 +60,12 @@ class Completion:
         call's arguments (a named function) or the function's name and arguments ("required"),
         held to their schema by the constraint in `holes`."""
         self.engine, self.body, self.ids, self.request, self.kind, self.model = engine, body, ids, request, kind, model
-        self.holes, self.template = holes or {}, template
+        self.holes, self.template = dict(holes or {}), template
+        # a template whose holes' lengths are bounds: one engine request per hole, left to right
+        # (holes.Template.round), with the parameters the template was given (requests.infill)
+        self.rounds: GenerationParams | None = self.holes.pop("rounds", None)
+        if "constraint" in self.holes:  # structured output holds the whole region to its language
+            self.rounds = None
         self.top = logprobs
         if logprobs is not None:
             self.holes = {**self.holes, "logprobs": logprobs}
@@ -56,8 +81,11 @@ class Completion:
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
-        bounded = self.holes.get("suffix") if params.hole_length != "exact" and template is None else None
-        self.streams = [TextStream(llm, body.stops(), template, bounded) for _ in range(self.n)]
+        self.live = list(self.names)  # each choice's engine request now (a template's: its hole's)
+        bound = params.hole_length != "exact"
+        suffix = self.holes.get("suffix") if bound and template is None else None
+        self.streams = [TextStream(llm, body.stops(), template, suffix, self.rounds is not None)
+                        for _ in range(self.n)]
         self.reqs: list = [None] * self.n
         self.done = [False] * self.n
         self.created = int(time.time())
@@ -66,6 +94,8 @@ class Completion:
         self._submit(params)
 
     def _submit(self, params: GenerationParams) -> None:
+        if self.rounds is not None:
+            return self._submit_rounds()
         queues = []
         grammar = self.holes.get("constraint")  # structured output: each choice its own grammar state
         try:
@@ -81,6 +111,67 @@ class Completion:
                 raise APIError(429, str(e), "rate_limit_error") from None
             raise APIError(503, str(e), "server_error") from None
         self.forwarders = [asyncio.create_task(self._forward(i, q)) for i, q in enumerate(queues)]
+
+    def _submit_rounds(self) -> None:
+        """A template of bounded holes: each choice's first hole now (a full queue is a 429), the
+        next ones as each finishes (_forward_rounds)."""
+        firsts = []
+        try:
+            for i in range(self.n):
+                firsts.append(self._round(i, 0, []))
+        except (QueueFull, UnmaskError) as e:
+            for rid in self.live[: len(firsts)]:
+                self.engine.abort(rid)
+            if isinstance(e, QueueFull):
+                raise APIError(429, str(e), "rate_limit_error") from None
+            raise APIError(503, str(e), "server_error") from None
+        self.forwarders = [asyncio.create_task(self._forward_rounds(i, q)) for i, q in enumerate(firsts)]
+
+    def _round(self, i: int, h: int, filled: list[list[int]]) -> asyncio.Queue:
+        rt = self.template.round(h, filled)
+        llm = self.streams[0].llm
+        params = llm.accept(holes_.params_for(self.rounds, rt))
+        if params.seed is not None:
+            params = replace(params, seed=params.seed + i)
+        self.live[i] = f"{self.names[i]}-h{h}"
+        extra = {k: v for k, v in self.holes.items() if k not in ("suffix", "fill")}
+        return self.engine.submit(self.live[i], rt.prompt, params, watch=self.diffusing, suffix=rt.suffix, **extra)
+
+    async def _forward_rounds(self, i: int, q: asyncio.Queue) -> None:
+        """Choice i's holes one after another, forwarded as one request's updates over the whole
+        region: each hole's committed ids in its place, then (once it finishes) end-of-text padding
+        up to its bound and the fixed text after it; the request's counters are the holes' summed."""
+        t, stops = self.template, set(self.streams[0].stop_ids)
+        eos = self.streams[0].llm.token_ids.stop[0]
+        whole, filled, written = _Rounds(), [], []
+        for h, (s, e) in enumerate(t.holes):
+            if h:
+                try:
+                    q = self._round(i, h, filled)
+                except (QueueFull, UnmaskError) as err:
+                    await self.merged.put((i, err))
+                    return
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    await self.merged.put((i, item))
+                    return
+                if item is None:
+                    break
+                if not whole.parts or whole.parts[-1] is not item.request:
+                    whole.parts.append(item.request)
+                written += item.new_ids
+                new = list(item.new_ids)
+                last = item.finished and h == len(t.holes) - 1
+                if item.finished:  # this hole's text, the padding up to its bound, the text after it
+                    filled.append(holes_.cut_hole(t, h, written, stops, True)[0])
+                    new += [eos] * (e - s - len(written)) + t.region[e : t.holes[h + 1][0] if not last else e]
+                    written = []
+                await self.merged.put((i, replace(item, request=whole, new_ids=new, finished=last)))
+            if not filled or len(filled) <= h:  # aborted before it finished
+                await self.merged.put((i, None))
+                return
+        await self.merged.put((i, None))
 
     async def _forward(self, i: int, q: asyncio.Queue) -> None:
         while True:
@@ -111,7 +202,7 @@ class Completion:
             if self.done[i]:
                 open_.discard(i)
                 if not item.finished:  # a stop string ended it: the engine need not go on
-                    self.engine.abort(self.names[i])
+                    self.engine.abort(self.live[i])
 
     def step(self, i: int, out) -> str:
         delta = self.streams[i].add(out.new_ids, out.logprobs)
@@ -148,7 +239,7 @@ class Completion:
             return openai.tool_call(self.call_ids[i], "", text)
 
     def cleanup(self) -> None:
-        for i, name in enumerate(self.names):
+        for i, name in enumerate(self.live):
             if not self.done[i]:
                 self.engine.abort(name)
         for t in self.forwarders:

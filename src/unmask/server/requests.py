@@ -68,10 +68,14 @@ def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: l
                                param="stop")
             check_text(prompt, specials, "prompt")
             t = holes.encode(llm.tokenizer, prompt, llm.token_ids.mask, params.gen_length)
-            params = llm.accept(holes.params_for(params, t))
+            given, params = params, llm.accept(holes.params_for(params, t))
             check_prompts([t.prompt], params, llm.arch, llm.token_ids)
-            check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt))
-            return t.prompt, params, {"suffix": t.suffix, "fill": t.fill}, t
+            if params.hole_length == "exact":
+                check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt))
+                return t.prompt, params, {"suffix": t.suffix, "fill": t.fill}, t
+            for h in range(len(t.holes)):  # bounded holes decode one by one (server/completion.py)
+                check_suffix(t.after(h), params, llm.arch, llm.token_ids, len(t.prompt))
+            return t.prompt, params, {"suffix": t.suffix, "fill": t.fill, "rounds": given}, t
         if body.suffix is None:
             return ids, params, {}, None
         check_text(body.suffix, specials, "suffix")

@@ -1,7 +1,7 @@
 """Committed token ids -> text that is safe to stream: the masked models' committed-prefix stream,
 and the logprob entries of the tokens whose text has gone out."""
 
-from unmask.holes import Template
+from unmask.holes import Template, cut_hole
 from unmask.llm import LLM
 from unmask.sampler.stops import suffix_overlap
 
@@ -14,8 +14,10 @@ class TextStream:
     begin to held back until it is known (sampler.stops.suffix_overlap)."""
 
     def __init__(self, llm: LLM, stops: list[str], template: Template | None = None,
-                 suffix: list[int] | None = None) -> None:
-        self.llm, self.stops, self.suffix = llm, stops, suffix or []
+                 suffix: list[int] | None = None, bounded: bool = False) -> None:
+        """`suffix`: a single hole's, its length bounded; `bounded`: a template's holes' lengths
+        are bounds."""
+        self.llm, self.stops, self.suffix, self.bounded = llm, stops, suffix or [], bounded
         self.stop_ids = set(llm.token_ids.stop)
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.ids: list[int] = []  # the generated ids (a template's: its holes' ids)
@@ -24,7 +26,7 @@ class TextStream:
         self.finish_reason: str | None = None
         # a template's region streams as its committed prefix grows: fixed text as written, each
         # hole up to its end of text (the rest of that hole skipped); it never stops early
-        self.template, self.raw, self.shown = template, [], []
+        self.template, self.raw = template, []
         self.holes: list[list[int]] = [] if template is None else [[] for _ in template.holes]
         self._ended: set[int] = set()
         # logprobs: each generated id's (logprob, [(id, logprob)] of the most likely), the text's
@@ -74,22 +76,30 @@ class TextStream:
         return delta
 
     def _add_region(self, new_ids: list[int]) -> str:
-        spans = self.template.holes
-        for t in new_ids:
-            k = len(self.raw)
-            self.raw.append(t)
-            h = next((i for i, (s, e) in enumerate(spans) if s <= k < e), None)
-            if h is None:
-                self.shown.append(t)
-            elif h not in self._ended:
-                if t in self.stop_ids:
-                    self._ended.add(h)
-                else:
-                    self.holes[h].append(t)
-                    self.ids.append(t)
-                    self.shown.append(t)
-        self.text = self.llm.tokenizer.decode(self.shown)
-        end = len(self.text)
+        """The region's committed prefix: fixed text as written, each hole cut as holes.cut_hole
+        cuts it; in the hole still being written, ids that may yet begin the text after it are
+        held back (the stream stops there until they are known)."""
+        t, stops = self.template, self.stop_ids
+        self.raw += new_ids
+        shown, at, held = [], 0, None
+        for h, (s, e) in enumerate(t.holes):
+            shown += self.raw[at : min(s, len(self.raw))]
+            if len(self.raw) <= s:
+                break
+            ids, ended, safe = cut_hole(t, h, self.raw[s:e], stops, self.bounded)
+            self.holes[h] = ids
+            if ended:
+                self._ended.add(h)
+            shown += ids
+            if len(self.raw) < e and not ended:
+                held = len(shown) - len(ids) + safe  # shown ids known for certain
+                break
+            at = e
+        else:
+            shown += self.raw[at:]
+        self.ids = sum(self.holes, [])
+        self.text = self.llm.tokenizer.decode(shown)
+        end = len(self.text) if held is None else len(self.llm.tokenizer.decode(shown[:held]))
         while end > self.sent and self.text[end - 1] == "\ufffd":  # an incomplete multi-byte character
             end -= 1
         delta = self.text[self.sent : max(end, self.sent)]
