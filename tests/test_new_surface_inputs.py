@@ -80,3 +80,17 @@ def test_a_language_too_long_or_unwritable_says_which(llm):
     with pytest.raises(UnmaskError, match="cannot write some text the language needs"):
         llm.generate(["copy : red"], llm.default_params(gen_length=8), chat=False,
                      constraint=Constraint.of("regex", "red zzzz"))
+
+
+@pytest.mark.parametrize("name", ["default-block", "default-renoise"])
+def test_templates_on_models_that_read_no_text_after_a_hole(name):
+    """Block and renoising models: one hole at the end decodes (any length, their parameters as
+    generate shapes them); text after a hole is refused with that reason, whatever the holes."""
+    llm = LLM(name)
+    for template in ("copy : red owl <|hole:5|>", "copy : red owl <|hole|>"):
+        res = llm.infill(template).results[0]
+        assert len(res.holes) == 1 and len(res.raw_ids) == (5 if ":5" in template else llm.default_params().gen_length)
+    for template in ("copy : red <|hole:4|> owl <|hole:3|> cat", "copy : red <|hole:4|> owl"):
+        for hole_length in (("bound", "exact") if name == "default-block" else (None,)):
+            with pytest.raises(UnmaskError, match="needs a full-attention masked diffusion model; .* cannot see it"):
+                llm.infill(template, {"hole_length": hole_length})

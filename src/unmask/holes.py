@@ -122,16 +122,24 @@ def encode(tokenizer: Tokenizer, text: str, mask_id: int, gen_length: int) -> Te
     return Template(prompt, region, suffix, tuple(holes))
 
 
-def params_for(params: GenerationParams, t: Template) -> GenerationParams:
+def params_for(params: GenerationParams, t: Template, block_size: int | None = None) -> GenerationParams:
     """The parameters a template decodes with: gen_length is its region; one hole keeps the
     blocks it was given when block_length divides the hole (else one block), several holes are
-    one block; steps keep the given tokens per step (steps / gen_length), on the hole positions."""
+    one block; steps keep the given tokens per step (steps / gen_length), on the hole positions.
+    `block_size`: a block-diffusion model's attention blocks (its one hole is at the end: blocks
+    as given, aligned to them by `accept`); parameters without steps (a renoising model's, or a
+    block model's default schedule) take none."""
     G = len(t.region)
+    if block_size:
+        tps = params.gen_length // params.steps if params.steps and params.gen_length % params.steps == 0 else 0
+        return replace(params, gen_length=G, steps=G // tps if tps and G % tps == 0 else None)
     if len(t.holes) == 1 and G % params.block_length == 0:
         blocks = G // params.block_length
         per_block = params.block_length
     else:
         blocks, per_block = 1, t.masks
+    if params.steps is None:
+        return replace(params, gen_length=G, block_length=G // blocks)
     rate = params.total_steps / params.gen_length
     steps = blocks * min(per_block, max(1, math.ceil(per_block * rate)))
     return replace(params, gen_length=G, block_length=G // blocks, steps=steps)

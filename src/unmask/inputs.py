@@ -112,14 +112,8 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
     samplers). Ids inside the vocabulary, no mask token, the canvas within the model's positions."""
     if not suffix:
         return
+    check_sees_suffix(arch, tokens)
     psm = arch.kind == "causal" and tokens.fim is not None
-    if arch.kind != "full" and not psm:
-        what = {"block": "a block-diffusion model attends to earlier blocks only",
-                "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
-                          "fill-in-the-middle tokens)",
-                "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
-        raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
-                          f"{arch.family} model cannot see it: {what}")
     if params.compat is not None and not get_mode(params.compat).takes_suffix:
         raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively "
                           "(or with compat llada, fast-dllm, dream or open-dcoder, whose samplers decode any canvas)")
@@ -132,6 +126,18 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
     if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
                           f"exceeds the model's maximum of {arch.max_positions} positions")
+
+
+def check_sees_suffix(arch: ArchConfig, tokens: TokenIds) -> None:
+    """Whether this model can read text after a hole (check_suffix's first rule; a template checks
+    it before shaping its parameters, so that its refusal names the reason)."""
+    if arch.kind != "full" and not (arch.kind == "causal" and tokens.fim is not None):
+        what = {"block": "a block-diffusion model attends to earlier blocks only",
+                "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
+                          "fill-in-the-middle tokens)",
+                "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
+        raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
+                          f"{arch.family} model cannot see it: {what}")
 
 
 def check_fill(fill: list[int] | None, params: GenerationParams, arch: ArchConfig, tokens: TokenIds,

@@ -19,7 +19,7 @@ from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
-from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
+from unmask.inputs import check_prompts, check_sees_suffix, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.layers.dispatch import default_numerics
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
@@ -283,7 +283,7 @@ class LLM:
         for r, text in enumerate(texts):
             try:
                 t = holes_.encode(self.tokenizer, text, self.token_ids.mask, params.gen_length)
-                p = self.accept(holes_.params_for(params, t))
+                p = self.template_params(params, t)
                 check_prompts([t.prompt], p, self.arch, self.token_ids)
                 for h in range(len(t.holes) if p.hole_length != "exact" else 0):  # each hole's text after it
                     check_suffix(t.after(h), p, self.arch, self.token_ids, len(t.prompt))
@@ -309,7 +309,7 @@ class LLM:
             live = [i for i, (t, _) in enumerate(items) if h < len(t.holes)]
             rounds = [items[i][0].round(h, filled[i]) for i in live]
             out = self._generate_engine([rt.prompt for rt in rounds],
-                                        [self.accept(holes_.params_for(params, rt)) for rt in rounds],
+                                        [self.template_params(params, rt) for rt in rounds],
                                         [rt.suffix for rt in rounds], lockstep=True)
             steps += out.steps
             seconds += out.seconds
@@ -325,6 +325,13 @@ class LLM:
                             commits=sum((r.commits for r in parts), []), seconds=sum(r.seconds for r in parts))
             results.append(self.template_result(t, whole, bounded=True))
         return BatchOutput(results, steps, seconds, params.cache, max(len(t.prompt) for t, _ in items))
+
+    def template_params(self, params: GenerationParams, t: holes_.Template) -> GenerationParams:
+        """The parameters template `t` decodes with on this model (holes.params_for), accepted; a
+        model that cannot read text after a hole refuses a template with any first."""
+        if t.suffix or len(t.holes) > 1:
+            check_sees_suffix(self.arch, self.token_ids)
+        return self.accept(holes_.params_for(params, t, self.arch.block_size if self.arch.kind == "block" else None))
 
     def template_result(self, t: holes_.Template, res: GenerationResult, bounded: bool = False) -> GenerationResult:
         """A decoded region as a template's result (GenerationResult.holes); `bounded`: its holes'

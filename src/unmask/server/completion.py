@@ -130,7 +130,7 @@ class Completion:
     def _round(self, i: int, h: int, filled: list[list[int]]) -> asyncio.Queue:
         rt = self.template.round(h, filled)
         llm = self.streams[0].llm
-        params = llm.accept(holes_.params_for(self.rounds, rt))
+        params = llm.template_params(self.rounds, rt)
         if params.seed is not None:
             params = replace(params, seed=params.seed + i)
         self.live[i] = f"{self.names[i]}-h{h}"

@@ -68,7 +68,7 @@ def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: l
                                param="stop")
             check_text(prompt, specials, "prompt")
             t = holes.encode(llm.tokenizer, prompt, llm.token_ids.mask, params.gen_length)
-            given, params = params, llm.accept(holes.params_for(params, t))
+            given, params = params, llm.template_params(params, t)
             check_prompts([t.prompt], params, llm.arch, llm.token_ids)
             if params.hole_length == "exact":
                 check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt))
