@@ -11,7 +11,8 @@ import torch
 
 import unmask.engine.commit as commit_mod
 from unmask.engine import ROW_KINDS, Engine, EngineConfig
-from unmask.engine.kind import Cost, KindContext, Report, Stats
+from unmask.constrain import Constraint
+from unmask.engine.kind import Cost, KindContext, Report, Stats, Takes
 from unmask.engine.rows import Rows, per_row
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig, TokenIds
@@ -48,6 +49,12 @@ class CountKind:
     Stats = CountStats
     diagnoses, observer, prefix = False, None, None
     chunk = 3
+
+    @classmethod
+    def takes(cls, arch, tokens):
+        return Takes(suffix="count-up rows write after their prompt only",
+                     template="count-up rows write after their prompt only",
+                     constraint="count-up rows count; they follow no grammar")
 
     def __init__(self, ctx: KindContext) -> None:
         self.rows, self.device = CountRows(ctx.device, 0), ctx.device
@@ -104,6 +111,13 @@ def test_a_row_kind_the_engine_never_heard_of_serves_requests(model):
         assert a.canvas == list(range(11, 19)) and a.finish_reason == "length" and a.stats.counted == 8
         assert b.canvas == [59, 60, 61, 62] and b.finish_reason == "stop" and b.committed == 4
         assert a.nfe == 3 and a.commits == [3, 3, 2] and engine.num_running == 0 and engine.rows.n == 0
+        # what its requests may carry is the kind's to say (Takes), in its own words
+        known = set(engine.requests)
+        with pytest.raises(UnmaskError, match="count-up rows write after their prompt only"):
+            engine.add_request([1, 2], p, suffix=[5, 6])
+        with pytest.raises(UnmaskError, match="they follow no grammar"):
+            engine.grammar(Constraint.regex("[0-9]+"), p)
+        assert set(engine.requests) == known
     finally:
         del ROW_KINDS["count-up-test"]
 

@@ -5,10 +5,10 @@ import numbers
 
 import torch
 
+from unmask.compat import get_mode
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.params import GenerationParams
-from unmask.compat import get_mode
 from unmask.tokenizer import Tokenizer
 
 
@@ -103,16 +103,17 @@ def prompt_ids(tokenizer: Tokenizer, prompts, chat, unknown_words: str,
 
 
 def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, tokens: TokenIds,
-                 prompt_len: int) -> None:
+                 prompt_len: int, takes) -> None:
     """Text after the hole (infilling): a full-attention masked model sees it natively; an
     autoregressive model with fill-in-the-middle tokens reads it laid out prefix-suffix-middle
     (`layout`); a block or renoising model, or an autoregressive one without those tokens, cannot
     see text after the hole. LLaDA's, Fast-dLLM v1's and Dream's reference modes decode it as
     their samplers decode a canvas holding it (the other reference modes reproduce prompt-only
-    samplers). Ids inside the vocabulary, no mask token, the canvas within the model's positions."""
+    samplers). Ids inside the vocabulary, no mask token, the canvas within the model's positions.
+    `takes`: the row kind's contract on this model (engine/kind.py Takes)."""
     if not suffix:
         return
-    check_sees_suffix(arch, tokens)
+    takes.need("suffix")
     psm = arch.kind == "causal" and tokens.fim is not None
     if params.compat is not None and not get_mode(params.compat).takes_suffix:
         raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively "
@@ -128,29 +129,15 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
                           f"exceeds the model's maximum of {arch.max_positions} positions")
 
 
-def check_sees_suffix(arch: ArchConfig, tokens: TokenIds) -> None:
-    """Whether this model can read text after a hole (check_suffix's first rule; a template checks
-    it before shaping its parameters, so that its refusal names the reason)."""
-    if arch.kind != "full" and not (arch.kind == "causal" and tokens.fim is not None):
-        what = {"block": "a block-diffusion model attends to earlier blocks only",
-                "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
-                          "fill-in-the-middle tokens)",
-                "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
-        raise UnmaskError(f"a suffix (text after the hole) needs a full-attention masked diffusion model; this "
-                          f"{arch.family} model cannot see it: {what}")
-
-
 def check_fill(fill: list[int] | None, params: GenerationParams, arch: ArchConfig, tokens: TokenIds,
-               revises: bool) -> None:
+               revises: bool, takes) -> None:
     """A generated region that starts with fixed text between holes (a template with several
     holes, unmask.holes): a full-attention masked model's, natively, one block over the region
     (its schedule spreads over the holes), a policy that never revises committed tokens (it could
     rewrite the fixed text), ids inside the vocabulary."""
     if fill is None:
         return
-    if arch.kind != "full":
-        raise UnmaskError(f"several holes need a full-attention masked diffusion model; this {arch.family} model "
-                          "attends left to right (give one hole at the end of the text)")
+    takes.need("template")
     if len(fill) != params.gen_length:
         raise UnmaskError(f"the region's {len(fill)} tokens differ from gen_length {params.gen_length}")
     if params.block_length != params.gen_length:
@@ -199,21 +186,17 @@ def check_prompts(ids: list[list[int]], params: GenerationParams, arch: ArchConf
         get_mode(params.compat).check_prompts(ids, arch.family)
 
 
-def check_constraint(constraint, params: GenerationParams, arch: ArchConfig, kind, tokenizer, holes: bool) -> None:
-    """Structured output's refusals by name: the row kinds that do not take a constraint, the
-    reference modes (they reproduce unconstrained samplers), holes (a suffix or a template), and
-    an engine built without its tokenizer. `kind`: the engine's row kind (its `constrains`)."""
+def check_constraint(constraint, params: GenerationParams, takes, tokenizer, holes: bool) -> None:
+    """Structured output's refusals by name: the row kinds that do not take a constraint (or not
+    sampled), the reference modes (they reproduce unconstrained samplers), holes (a suffix or a
+    template), and an engine built without its tokenizer. `takes`: the engine's row kind's contract
+    on its model (engine/kind.py Takes)."""
     if params.min_tokens:
         raise UnmaskError(f"min_tokens {params.min_tokens} with structured output: the grammar decides where the "
                           "output may end", param="min_tokens")
-    if kind.name == "speculative" and params.temperature > 0:
-        raise UnmaskError("structured output on speculative rows is greedy: temperature must be 0 "
-                          f"(got {params.temperature})", param="temperature")
-    if not getattr(kind, "constrains", False):
-        what = {"renoise": "a renoising model rewrites its whole canvas each step; structured output is not "
-                           "supported for renoising rows",
-                }.get(arch.kind, f"structured output is not supported for {kind.name} rows")
-        raise UnmaskError(what, param="structured_outputs")
+    takes.need("constraint", "structured_outputs")
+    if params.temperature > 0 and takes.sampled_constraint is not None:
+        raise UnmaskError(f"{takes.sampled_constraint} (got {params.temperature})", param="temperature")
     if params.compat is not None:
         raise UnmaskError(f"compat {params.compat!r} reproduces an unconstrained reference sampler; structured "
                           "output decodes natively (drop compat)", param="structured_outputs")

@@ -16,10 +16,10 @@ import torch
 
 from unmask.accept import accept, refuse_unused_renoising
 from unmask.constrain import Constraint
-from unmask.engine import Engine, EngineConfig, EngineLike
+from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
-from unmask.inputs import check_prompts, check_sees_suffix, check_suffix, encode, prompt_ids, suffix_ids
+from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.layers.dispatch import default_numerics
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
@@ -286,8 +286,8 @@ class LLM:
                 p = self.template_params(params, t)
                 check_prompts([t.prompt], p, self.arch, self.token_ids)
                 for h in range(len(t.holes) if p.hole_length != "exact" else 0):  # each hole's text after it
-                    check_suffix(t.after(h), p, self.arch, self.token_ids, len(t.prompt))
-                check_suffix(t.suffix, p, self.arch, self.token_ids, len(t.prompt))
+                    check_suffix(t.after(h), p, self.arch, self.token_ids, len(t.prompt), self.takes)
+                check_suffix(t.suffix, p, self.arch, self.token_ids, len(t.prompt), self.takes)
             except UnmaskError as e:
                 raise UnmaskError(f"template {r}: {e}" if len(texts) > 1 else str(e)) from None
             items.append((t, p))
@@ -330,7 +330,7 @@ class LLM:
         """The parameters template `t` decodes with on this model (holes.params_for), accepted; a
         model that cannot read text after a hole refuses a template with any first."""
         if t.suffix or len(t.holes) > 1:
-            check_sees_suffix(self.arch, self.token_ids)
+            self.takes.need("suffix")
         return self.accept(holes_.params_for(params, t, self.arch.block_size if self.arch.kind == "block" else None))
 
     def template_result(self, t: holes_.Template, res: GenerationResult, bounded: bool = False) -> GenerationResult:
@@ -367,7 +367,7 @@ class LLM:
                 raise UnmaskError("logprobs under tensor parallelism are not supported yet", param="logprobs")
             tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
             for p, s in zip(ids, tails or []):
-                check_suffix(s, params, self.arch, self.token_ids, len(p))
+                check_suffix(s, params, self.arch, self.token_ids, len(p), self.takes)
             return self._generate_engine(ids, params, tails, constraint=constraint, logprobs=logprobs)
         if constraint is not None:
             if self.ranks is not None:
@@ -380,7 +380,7 @@ class LLM:
         tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
         if tails is not None:
             for p, s in zip(ids, tails):
-                check_suffix(s, params, self.arch, self.token_ids, len(p))
+                check_suffix(s, params, self.arch, self.token_ids, len(p), self.takes)
             if params.compat is None:
                 return self._generate_engine(ids, params, tails, lockstep=True)
         if self.ranks is not None:  # every rank runs the same generation over its shard
@@ -465,6 +465,11 @@ class LLM:
         out = object.__new__(LLM)
         out.__dict__.update(self.__dict__, drafter=None, draft_path=None)
         return out
+
+    @property
+    def takes(self):
+        """What this model's requests may carry (engine/kind.py Takes: its row kind's contract)."""
+        return takes_for(self.arch, self.token_ids, self.drafter)
 
     @property
     def tensor_parallel(self) -> int:

@@ -146,7 +146,11 @@ def run_grid(diffusion: LLM, ar: LLM | None, grid: list[BenchConfig], tasks: lis
         roofs["ar"] = (ar.without_draft(), roofs["ar"][1])
     rows, baselines = [], {}
     configs = with_ar_twin(grid, dflash) if ar is not None else list(grid)
-    run = {"context": {**context(device), "device": str(device), "data_parallel": getattr(diffusion, "n", 1)},
+    d = diffusion.default_params()  # what the code's defaults are as this run measures them
+    run = {"context": {**context(device), "device": str(device), "data_parallel": getattr(diffusion, "n", 1),
+                       "linear_kernel": getattr(diffusion, "linear_kernel", None),
+                       "defaults": {"policy": d.policy, "knob": d.threshold if d.policy == "threshold" else None,
+                                    "cache": d.cache, "block_length": d.block_length, "gen_length": d.gen_length}},
            "hardware_measured": hw.__dict__,
            "tasks": tasks, "n_per_task": n, "split": split,
            "examples": f"held-out examples {SPLITS[split][0]}-{SPLITS[split][0] + n - 1} of each task",

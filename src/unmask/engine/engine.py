@@ -44,6 +44,11 @@ from unmask.trace import ForwardRecord
 __all__ = ["Engine", "EngineConfig", "EngineLike", "ForwardRecord", "Request", "Status", "StepOutput"]
 
 
+def takes_for(arch, tokens, drafter=None):
+    """The request contract (engine/kind.py Takes) of the row kind a model decodes with."""
+    return ROW_KINDS.lookup(kind_for(arch, drafter), UnmaskError).takes(arch, tokens)
+
+
 class EngineLike(Protocol):
     """What the server and `LLM` drive: the Engine, or LockstepEngine (unmask.parallel) that
     replays its calls on the other tensor-parallel ranks."""
@@ -90,6 +95,7 @@ class Engine:
         name = kind if kind is not None else kind_for(self.arch, drafter)
         self.kind: RowKind = ROW_KINDS.lookup(name, UnmaskError)(
             KindContext(model, tokens, self.device, self.draws, drafter, int(self.config.prefix_cache_mb * 2**20)))
+        self.takes = self.kind.takes(self.arch, tokens)  # what its requests may carry (engine/kind.py Takes)
         self._stop = set(tokens.stop)
         self._ids = itertools.count()
         self.tokenizer = tokenizer
@@ -115,17 +121,17 @@ class Engine:
             raise UnmaskError("logprobs are not reported for a template with holes (its fixed text is not generated)")
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
-        check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt))
+        check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt), self.takes)
         prompt, suffix = layout(list(prompt), list(suffix or []), self.arch, self.tokens)  # prefix-suffix-middle
         parts = self.kind.prepare(params)
         fill = None if fill is None else list(fill)
         check_fill(fill, params, self.arch, self.tokens,
-                   fill is not None and self.arch.kind == "full" and parts.policy.revises)
+                   fill is not None and self.takes.template is None and parts.policy.revises, self.takes)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.requests:
             raise UnmaskError(f"request id {rid!r} is in use")
         if isinstance(constraint, RowGrammar):
-            check_constraint(constraint.constraint, params, self.arch, self.kind, self.tokenizer,
+            check_constraint(constraint.constraint, params, self.takes, self.tokenizer,
                              bool(suffix) or fill is not None)
             grammar = constraint
         else:
@@ -143,7 +149,7 @@ class Engine:
         """A constrained request's grammar state (its plan made for params.gen_length), or a named
         refusal (inputs.check_constraint, the grammar engine's, or no completion that fits).
         `params`: as accepted for this model (add_request accepts them again)."""
-        check_constraint(constraint, params, self.arch, self.kind, self.tokenizer, holes)
+        check_constraint(constraint, params, self.takes, self.tokenizer, holes)
         if self._vocab is None:
             self._vocab = GrammarVocab(self.tokenizer, self.tokens.stop, self.arch.vocab_size)
         return self._vocab.row(constraint, params.gen_length)

@@ -85,6 +85,48 @@ class Report:
         self.stats.append(stats)
 
 
+@dataclass(frozen=True)
+class Takes:
+    """A row kind's request contract on one model (`RowKind.takes(arch, tokens)`): for each input
+    a request may carry, None where the kind takes it, else the refusal, naming why. Front ends
+    ask it (unmask.inputs, the LLM, the server) and never check the model's kind themselves."""
+
+    suffix: str | None = None  # text after the hole (infilling)
+    template: str | None = None  # a region of several holes with fixed text between them
+    constraint: str | None = None  # structured output
+    sampled_constraint: str | None = None  # structured output at a temperature above 0
+    logprobs: str | None = None  # each token's log-probability
+
+    def need(self, what: str, param: str | None = None) -> None:
+        """Raise the kind's refusal of input `what` (an UnmaskError naming `param`), if it has one."""
+        reason = getattr(self, what)
+        if reason is not None:
+            from unmask.errors import UnmaskError
+            raise UnmaskError(reason, param=param)
+
+
+def reads_after(arch, tokens) -> str | None:
+    """Whether rows of this model can read text after a hole (None), or why not: a full-attention
+    masked model sees it, an autoregressive one with fill-in-the-middle tokens reads it laid out
+    prefix-suffix-middle (unmask.inputs.layout)."""
+    if arch.kind == "full" or (arch.kind == "causal" and tokens.fim is not None):
+        return None
+    what = {"block": "a block-diffusion model attends to earlier blocks only",
+            "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
+                      "fill-in-the-middle tokens)",
+            "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
+    return (f"a suffix (text after the hole) needs a full-attention masked diffusion model; this {arch.family} "
+            f"model cannot see it: {what}")
+
+
+def several_holes(arch) -> str | None:
+    """Whether rows of this model decode a template of several holes (None), or why not."""
+    if arch.kind == "full":
+        return None
+    return (f"several holes need a full-attention masked diffusion model; this {arch.family} model attends left "
+            "to right (give one hole at the end of the text)")
+
+
 class RowKind(Protocol):
     """The protocol the engine steps a kind through (see the module docstring)."""
 
@@ -94,6 +136,10 @@ class RowKind(Protocol):
     observer: object  # that observer, or None
     rows: object  # its Rows (engine/rows.py): `reqs` (the running requests, row by row), `n`, `seq`
     prefix: object  # its prompt-prefix cache across requests (kv/prefix.py PrefixStore), or None
+
+    @classmethod
+    def takes(cls, arch, tokens) -> Takes:
+        """The kind's request contract on a model of `arch` with `tokens` (see Takes)."""
 
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""

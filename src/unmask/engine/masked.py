@@ -33,7 +33,7 @@ from unmask.cache.base import Plan
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Takes, reads_after, several_holes
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
@@ -49,7 +49,11 @@ class MaskedKind:
     name = "masked"
     Stats = MaskedStats
     diagnoses = True
-    constrains = True  # structured output (engine/constrained.py)
+
+    @classmethod
+    def takes(cls, arch, tokens) -> Takes:
+        """Every input; text after a hole and templates as the model's attention allows."""
+        return Takes(suffix=reads_after(arch, tokens), template=several_holes(arch))
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
+from unmask.engine.rows import Rows, per_row
 from unmask.kv.prefix import PrefixStore
 from unmask.kv.renoise import RenoiseKV
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
-from unmask.engine.rows import Rows, per_row
 from unmask.sampler.logprobs import token_logprobs
 from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.sampler.stops import first_stop_index
@@ -92,6 +92,14 @@ class RenoiseKind:
     name = "renoise"
     Stats = RenoiseStats
     diagnoses, observer = False, None
+
+    @classmethod
+    def takes(cls, arch, tokens) -> Takes:
+        """Prompts only: no text after a hole, no template, no structured output (the whole canvas
+        is rewritten each step)."""
+        return Takes(suffix=reads_after(arch, tokens), template=several_holes(arch),
+                     constraint="a renoising model rewrites its whole canvas each step; structured output is not "
+                                "supported for renoising rows")
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws

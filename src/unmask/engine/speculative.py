@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
-from unmask.errors import UnmaskError
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.rows import Rows, per_row
+from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
 from unmask.kv.rows import DraftKV, RowsKV
 from unmask.trace import ForwardRecord
@@ -94,7 +94,13 @@ class SpecKind:
     name = "speculative"
     Stats = SpecStats
     diagnoses, observer = False, None
-    constrains = True  # greedy rows (RowGrammar.verify)
+
+    @classmethod
+    def takes(cls, arch, tokens) -> Takes:
+        """The target's text after a hole (prefix-suffix-middle) where it reads it; structured
+        output on greedy rows only (RowGrammar.verify checks the drafter's tokens greedily)."""
+        return Takes(suffix=reads_after(arch, tokens), template=several_holes(arch),
+                     sampled_constraint="structured output on speculative rows is greedy: temperature must be 0")
 
     def __init__(self, ctx: KindContext) -> None:
         if ctx.drafter is None:

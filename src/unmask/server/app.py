@@ -57,8 +57,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     _handlers(app, api_key)
     specials = special_strings(llm)
     kind = {"causal": "autoregressive", "renoise": "renoising"}.get(llm.arch.kind, "masked")
-    # a model that sees text after a hole: full attention, or autoregressive with fill-in-the-middle tokens
-    hole = llm.arch.kind == "full" or (llm.arch.kind == "causal" and llm.token_ids.fim is not None)
+    hole = llm.takes.suffix is None  # its rows read text after a hole (engine/kind.py Takes)
 
     @app.get("/health")
     async def health():
@@ -148,7 +147,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
                 raise APIError(400, f"input_suffix: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}",
                                param="input_suffix")
             try:
-                check_suffix(suffix, params, llm.arch, llm.token_ids, len(ids))
+                check_suffix(suffix, params, llm.arch, llm.token_ids, len(ids), llm.takes)
             except UnmaskError as e:
                 raise APIError(400, str(e), param="input_suffix") from None
             holes = {"suffix": suffix}

@@ -71,10 +71,10 @@ def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: l
             given, params = params, llm.template_params(params, t)
             check_prompts([t.prompt], params, llm.arch, llm.token_ids)
             if params.hole_length == "exact":
-                check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt))
+                check_suffix(t.suffix, params, llm.arch, llm.token_ids, len(t.prompt), llm.takes)
                 return t.prompt, params, {"suffix": t.suffix, "fill": t.fill}, t
             for h in range(len(t.holes)):  # bounded holes decode one by one (server/completion.py)
-                check_suffix(t.after(h), params, llm.arch, llm.token_ids, len(t.prompt))
+                check_suffix(t.after(h), params, llm.arch, llm.token_ids, len(t.prompt), llm.takes)
             return t.prompt, params, {"suffix": t.suffix, "fill": t.fill, "rounds": given}, t
         if body.suffix is None:
             return ids, params, {}, None
@@ -83,7 +83,7 @@ def infill(llm: LLM, body, ids: list[int], params: GenerationParams, specials: l
         unknown = llm.tokenizer.unknown_words(body.suffix)
         if unknown:
             raise UnmaskError(f"suffix: not in the vocabulary: {', '.join(map(repr, unknown[:8]))}", param="suffix")
-        check_suffix(tail, params, llm.arch, llm.token_ids, len(ids))
+        check_suffix(tail, params, llm.arch, llm.token_ids, len(ids), llm.takes)
         return ids, params, {"suffix": tail}, None
     except UnmaskError as e:
         raise APIError(400, str(e), param=e.param or ("prompt" if body.template else "suffix")) from None
