@@ -19,6 +19,7 @@ from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
+from unmask import infill as infill_
 from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.layers.dispatch import default_numerics
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
@@ -270,77 +271,13 @@ class LLM:
         """Fill the holes of text templates (unmask.holes: `<|hole:N|>` markers, `<|hole|>` one of
         gen_length tokens). Each result's `holes` holds its holes' texts and `text` the region from
         the first hole to the last with them filled. One hole at the end of the text runs on every
-        model; text after a hole needs a full-attention masked model (inputs.check_suffix)."""
-        if not isinstance(params, GenerationParams):  # (given ones are accepted in the template's shape)
-            params = self._params(params)
-        if params.compat is not None:
-            raise UnmaskError(f"compat {params.compat!r} reproduces a sampler's batch of one shape; templates decode "
-                              "natively (for a reference sampler give the prompt and suffix to generate)")
-        texts = [templates] if isinstance(templates, str) else templates
-        if not isinstance(texts, (list, tuple)) or not texts or not all(isinstance(t, str) for t in texts):
-            raise UnmaskError("templates must be a string or a non-empty list of strings")
-        items = []
-        for r, text in enumerate(texts):
-            try:
-                t = holes_.encode(self.tokenizer, text, self.token_ids.mask, params.gen_length)
-                p = self.template_params(params, t)
-                check_prompts([t.prompt], p, self.arch, self.token_ids)
-                for h in range(len(t.holes) if p.hole_length != "exact" else 0):  # each hole's text after it
-                    check_suffix(t.after(h), p, self.arch, self.token_ids, len(t.prompt), self.takes)
-                check_suffix(t.suffix, p, self.arch, self.token_ids, len(t.prompt), self.takes)
-            except UnmaskError as e:
-                raise UnmaskError(f"template {r}: {e}" if len(texts) > 1 else str(e)) from None
-            items.append((t, p))
-        if items[0][1].hole_length != "exact":
-            return self._infill_rounds(items, params)
-        out = self._generate_engine([t.prompt for t, _ in items], [p for _, p in items],
-                                    [t.suffix for t, _ in items], [t.fill for t, _ in items], lockstep=True)
-        out.results = [self.template_result(t, res) for (t, _), res in zip(items, out.results)]
-        return out
-
-    def _infill_rounds(self, items: list, params: GenerationParams) -> BatchOutput:
-        """Templates whose holes' lengths are bounds: hole by hole, left to right (holes.Template
-        .round), every template's next hole in one batch per round; each result as if its region
-        had been decoded whole (each hole's text, then end-of-text padding up to its bound)."""
-        filled: list[list[list[int]]] = [[] for _ in items]
-        done: list[list[GenerationResult]] = [[] for _ in items]
-        steps, seconds = [], 0.0
-        for h in range(max(len(t.holes) for t, _ in items)):
-            live = [i for i, (t, _) in enumerate(items) if h < len(t.holes)]
-            rounds = [items[i][0].round(h, filled[i]) for i in live]
-            out = self._generate_engine([rt.prompt for rt in rounds],
-                                        [self.template_params(params, rt) for rt in rounds],
-                                        [rt.suffix for rt in rounds], lockstep=True)
-            steps += out.steps
-            seconds += out.seconds
-            for i, res in zip(live, out.results):
-                filled[i].append(res.token_ids)
-                done[i].append(res)
-        eos, results = self.token_ids.stop[0], []
-        for (t, p), ids, parts in zip(items, filled, done):
-            raw = t.region[:]
-            for (s, e), hole in zip(t.holes, ids):
-                raw[s:e] = hole + [eos] * (e - s - len(hole))
-            whole = replace(parts[0], raw_ids=raw, nfe=sum(r.nfe for r in parts),
-                            commits=sum((r.commits for r in parts), []), seconds=sum(r.seconds for r in parts))
-            results.append(self.template_result(t, whole, bounded=True))
-        return BatchOutput(results, steps, seconds, params.cache, max(len(t.prompt) for t, _ in items))
+        model; text after a hole needs a model whose rows read it (unmask.infill)."""
+        return infill_.infill(self, templates, self._params(params) if not isinstance(params, GenerationParams)
+                              else params)
 
     def template_params(self, params: GenerationParams, t: holes_.Template) -> GenerationParams:
-        """The parameters template `t` decodes with on this model (holes.params_for), accepted; a
-        model that cannot read text after a hole refuses a template with any first."""
-        if t.suffix or len(t.holes) > 1:
-            self.takes.need("suffix")
-        return self.accept(holes_.params_for(params, t, self.arch.block_size if self.arch.kind == "block" else None))
-
-    def template_result(self, t: holes_.Template, res: GenerationResult, bounded: bool = False) -> GenerationResult:
-        """A decoded region as a template's result (GenerationResult.holes); `bounded`: its holes'
-        lengths are bounds (holes.cut_hole)."""
-        ids = holes_.hole_ids(t, res.raw_ids, self.token_ids.stop, bounded)
-        stops = sum(len(h) < e - s for h, (s, e) in zip(ids, t.holes))
-        return replace(res, text=self.tokenizer.decode(holes_.region_ids(t, ids)), token_ids=sum(ids, []),
-                       holes=[self.tokenizer.decode(h) for h in ids], hole_stops=stops,
-                       finish_reason="stop" if stops == len(t.holes) else "length")
+        """The parameters template `t` decodes with on this model (unmask.infill.template_params)."""
+        return infill_.template_params(self, params, t)
 
     def generate(self, prompts: str | list[str] | list[list[int]], params: GenerationParams | dict | None = None,
                  chat: bool | None = None, unknown_words: str = "error", suffix=None,
