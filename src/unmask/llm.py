@@ -296,33 +296,31 @@ class LLM:
         constraint = _constraint(constraint)
         ids = prompt_ids(self.tokenizer, prompts, chat, unknown_words, self.arch.max_positions)
         check_prompts(ids, params, self.arch, self.token_ids)
-        if logprobs is not None:
-            if params.compat is not None:
-                raise UnmaskError(f"logprobs are not reported in compat mode {params.compat!r} (the reference "
-                                  "loop's own tokens only)", param="logprobs")
-            if self.ranks is not None:
-                raise UnmaskError("logprobs under tensor parallelism are not supported yet", param="logprobs")
-            tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
-            for p, s in zip(ids, tails or []):
-                check_suffix(s, params, self.arch, self.token_ids, len(p), self.takes)
-            return self._generate_engine(ids, params, tails, constraint=constraint, logprobs=logprobs)
-        if constraint is not None:
-            if self.ranks is not None:
-                raise UnmaskError("structured output under tensor parallelism is not supported yet (the grammar "
-                                  "masks a whole vocabulary; each rank holds a slice)", param="structured_outputs")
-            if suffix is not None:
-                raise UnmaskError("structured output with a suffix is not supported: the grammar constrains an "
-                                  "answer written from its start", param="structured_outputs")
-            return self._generate_engine(ids, params, constraint=constraint)
         tails = suffix_ids(self.tokenizer, suffix, prompts, len(ids), unknown_words)
-        if tails is not None:
-            for p, s in zip(ids, tails):
-                check_suffix(s, params, self.arch, self.token_ids, len(p), self.takes)
-            if params.compat is None:
-                return self._generate_engine(ids, params, tails, lockstep=True)
-        if self.ranks is not None:  # every rank runs the same generation over its shard
-            return run_spmd(self.ranks, ("generate", ids, params, tails), lambda: self._generate_ids(ids, params, tails))
-        return self._generate_ids(ids, params, tails)
+        for p, s in zip(ids, tails or []):
+            check_suffix(s, params, self.arch, self.token_ids, len(p), self.takes)
+        extras = {k: v for k, v in (("constraint", constraint), ("logprobs", logprobs)) if v is not None}
+        if extras:  # what only this process's engine reports or enforces
+            self._engine_only(params, extras)
+            return self._generate_engine(ids, params, tails, **extras)
+        if params.compat is not None or (self.ranks is not None and tails is None):
+            if self.ranks is not None:  # every rank runs the same generation over its shard
+                return run_spmd(self.ranks, ("generate", ids, params, tails),
+                                lambda: self._generate_ids(ids, params, tails))
+            return self._generate_ids(ids, params, tails)
+        return self._generate_engine(ids, params, tails, lockstep=True)
+
+    def _engine_only(self, params: GenerationParams, extras: dict) -> None:
+        """Refusals of structured output and logprobs where only one process's engine has them:
+        not from a reference loop (its own tokens only), not yet under tensor parallelism."""
+        if "logprobs" in extras and params.compat is not None:
+            raise UnmaskError(f"logprobs are not reported in compat mode {params.compat!r} (the reference "
+                              "loop's own tokens only)", param="logprobs")
+        if self.ranks is not None:
+            what = ("structured output under tensor parallelism is not supported yet (the grammar masks a whole "
+                    "vocabulary; each rank holds a slice)" if "constraint" in extras else
+                    "logprobs under tensor parallelism are not supported yet")
+            raise UnmaskError(what, param="structured_outputs" if "constraint" in extras else "logprobs")
 
     def generate_batches(self, prompts: list, params: GenerationParams, batch_size: int, chat: bool | None = False,
                          unknown_words: str = "error", progress=None, suffixes: list | None = None,

@@ -21,6 +21,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from unmask.errors import UnmaskError
 from unmask.registry import Registry
 from unmask.trace import ForwardRecord
 
@@ -101,7 +102,6 @@ class Takes:
         """Raise the kind's refusal of input `what` (an UnmaskError naming `param`), if it has one."""
         reason = getattr(self, what)
         if reason is not None:
-            from unmask.errors import UnmaskError
             raise UnmaskError(reason, param=param)
 
 
