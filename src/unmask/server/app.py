@@ -9,7 +9,7 @@ POST /playground/stream. Requests are batched continuously by the engine; stream
 committed prefix (completion.py). Errors use OpenAI's shape: 400 for bad parameters or malformed
 JSON, 401 without the API key, 404 for another model name, 429 when the queue is full.
 
-The pieces: protocol.py (request bodies), requests.py (prompt and parameter checks), completion.py
+The pieces: protocol.py and protocol_infill.py (request bodies), requests.py (prompt and parameter checks), completion.py
 (one request's choices, streamed or whole), openai.py (response shapes), text.py (the committed
 text stream), playground.py, metrics.py, async_engine.py (the engine's thread).
 """
@@ -30,7 +30,8 @@ from unmask.server.completion import Completion
 from unmask.server.fim import LlamaInfill, empty_infill
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
-from unmask.server.protocol import ChatRequest, CompletionRequest, FimRequest, LlamaInfillRequest, ResponsesRequest
+from unmask.server.protocol import ChatRequest, CompletionRequest, ResponsesRequest
+from unmask.server.protocol_infill import FimRequest, LlamaInfillRequest
 from unmask.inputs import check_prompts, check_suffix
 from unmask.server.requests import (check_model, check_text, encode, grammar_for, infill, logprobs_for, params_for,
                                     special_strings)
