@@ -149,11 +149,12 @@ def dream_tensors(vocab: int, d: int, layers: int, heads: int, kv_heads: int, ff
     return t
 
 
-def write_dream(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shards=2) -> Path:
+def write_dream(folder, d=32, layers=2, heads=4, kv_heads=2, ff=64, seed=0, shards=2, bpe: bool = False) -> Path:
+    """`bpe`: a byte-level BPE tokenizer (as Dream's) instead of the tiny word-level one."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = _write_tokenizer(folder, DREAM_SPECIALS)
-    V = len(vocab)
+    vocab = _write_tokenizer(folder, DREAM_SPECIALS, bpe)
+    V = max(vocab.values()) + 1
     cfg = {
         "architectures": ["DreamModel"], "model_type": "Dream",
         "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},

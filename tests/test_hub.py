@@ -163,8 +163,13 @@ def test_a_local_folder_or_embedded_model_shadows_a_hub_name(hub, tmp_path, monk
     (lambda h: setattr(h.repos[NAME], "gated", True), NAME, r"is gated: accept its conditions at .*HF_TOKEN"),
     (lambda h: h.repos.__setitem__("x/bins", Repo({"config.json": b"{}", "pytorch_model.bin": b"p"})), "x/bins",
      r"holds no checkpoint layout .*PyTorch pickles \(pytorch_model.bin\).*convert them to safetensors"),
-    (lambda h: h.repos.__setitem__("x/gguf", Repo({"m-Q4_K_M.gguf": b"GGUF"})), "x/gguf",
-     r"GGUF files \(m-Q4_K_M.gguf\).*no config.json"),
+    (lambda h: h.repos.__setitem__("x/gguf", Repo({"m-Q4_K_M.gguf": b"GGUF", "m-Q8_0.gguf": b"GGUF"})), "x/gguf",
+     r"2 .gguf files; name one by its tag \(e.g. x/gguf:Q8_0\): m-Q4_K_M.gguf, m-Q8_0.gguf"),
+    (lambda h: h.repos.__setitem__("x/gguf", Repo({"m-Q4_K_M.gguf": b"GGUF"})), "x/gguf:Q5_K",
+     r"no .gguf file's name holds 'Q5_K'"),
+    (lambda h: h.repos.__setitem__("x/gguf", Repo({"m-Q8_0-00001-of-00002.gguf": b"GGUF"})), "x/gguf:Q8_0",
+     r"one part of a split GGUF"),
+    (lambda h: None, f"{NAME}:Q8_0", r"the tag 'Q8_0' names a GGUF file, and the repository holds none"),
 ])
 def test_hub_errors_are_short_and_name_the_problem(hub, setup, name, message):
     setup(hub)
@@ -211,3 +216,22 @@ def test_the_cli_takes_a_hub_name_and_shows_the_download(hub, tmp_path):
     assert json.loads(run.stdout)["generated_ids"] == _tokens(LLM(CKPT))
     # the client's bars: files, and bytes with their rate (on a terminal; TQDM_POSITION=-1 shows them through a pipe)
     assert "Fetching 4 files" in run.stderr and "Download complete" in run.stderr and "345kB" in run.stderr
+
+
+def test_a_repository_of_gguf_files_by_its_tag(hub, monkeypatch):
+    """`org/name:TAG` (llama.cpp's -hf): only the file the tag names is fetched, and it is the
+    model the file is; offline, the cache answers."""
+    data = Path(__file__).parent / "data" / "gguf-upstream"
+    hub.repos["tiny/llada-GGUF"] = Repo({"llada-F32.gguf": (data / "llada-f32.gguf").read_bytes(),
+                                         "llada-Q8_0.gguf": (data / "llada-q8_0.gguf").read_bytes(),
+                                         "README.md": b"# tiny"})
+    llm = LLM("tiny/llada-GGUF:q8_0")
+    assert llm.path.name == "llada-Q8_0.gguf" and hub.downloads() == ["llada-Q8_0.gguf"]
+    local = LLM(data / "llada-q8_0.gguf")
+    ids = [[5, 6, 7]]
+    p = local.default_params(gen_length=8)
+    assert [r.raw_ids for r in llm.generate(ids, p).results] == [r.raw_ids for r in local.generate(ids, p).results]
+    _offline(monkeypatch)
+    seen = len(hub.log)
+    assert LLM("tiny/llada-GGUF:Q8_0").path == llm.path and len(hub.log) == seen
+

@@ -1,6 +1,8 @@
 """Models named by their Hugging Face Hub names: `org/name` or `org/name@revision`, resolved to a
 folder in the Hub cache through `huggingface_hub` (its cache and environment: HF_HOME /
-HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT for mirrors).
+HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE, HF_ENDPOINT for mirrors). A repository of GGUF files is
+named as llama.cpp's `-hf` names it, `org/name:TAG` (`:Q8_0`, `:F16`): the one .gguf file whose
+name holds the tag, case aside (unmask.models.gguf reads it); without a tag, its only .gguf file.
 
 Only what the loaders read is fetched (ALLOW: config and generation config, safetensors and their
 index, tokenizer files, chat template) — never pickles, never code. The client downloads into
@@ -22,17 +24,43 @@ from unmask.errors import UnmaskError
 ALLOW = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
          "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json",
          "chat_template.jinja"]
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_./-]+)?")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9_./-]+)?(:[A-Za-z0-9_.-]+)?")
 
 
 def is_hub_name(text: str) -> bool:
-    """Whether `text` has the shape of a Hub name (`org/name`, `org/name@revision`)."""
-    return bool(_NAME.fullmatch(text)) and ".." not in text and not text.endswith((".json", ".safetensors"))
+    """Whether `text` has the shape of a Hub name (`org/name`, `org/name@revision`, either with
+    `:TAG`, a GGUF file's tag)."""
+    return bool(_NAME.fullmatch(text)) and ".." not in text and not text.endswith((".json", ".safetensors",
+                                                                                    ".gguf"))
 
 
 def split_name(text: str) -> tuple[str, str | None]:
-    repo, _, revision = text.partition("@")
+    repo, _, revision = split_tag(text)[0].partition("@")
     return repo, revision or None
+
+
+def split_tag(text: str) -> tuple[str, str | None]:
+    """(the name without its GGUF tag, the tag or None)."""
+    name, _, tag = text.partition(":")
+    return name, tag or None
+
+
+def pick_gguf(name: str, files: list[str], tag: str | None) -> str | None:
+    """The .gguf file of a repository (`files`) that `tag` names (the only one without a tag), or
+    None when it holds none; several, or none with the tag, is an error listing them."""
+    ggufs = sorted(f for f in files if f.endswith(".gguf"))
+    if not ggufs:
+        return None
+    chosen = [f for f in ggufs if tag is None or tag.lower() in f.rsplit("/", 1)[-1].lower()]
+    if tag is None and len(ggufs) > 1 or not chosen or len(chosen) > 1:
+        listed = ", ".join(ggufs[:12]) + (f" (and {len(ggufs) - 12} more)" if len(ggufs) > 12 else "")
+        what = (f"no .gguf file's name holds {tag!r}" if not chosen else
+                f"{len(chosen)} .gguf files" + (f" hold {tag!r}" if tag else "") + "; name one by its tag")
+        raise UnmaskError(f"model {name!r}: {what} (e.g. {split_tag(name)[0]}:Q8_0): {listed}", param="model")
+    if re.search(r"-\d{5}-of-\d{5}\.gguf$", chosen[0]):
+        raise UnmaskError(f"model {name!r}: {chosen[0]} is one part of a split GGUF; unmask reads whole files "
+                          "(join the parts with llama.cpp's llama-gguf-split --merge)", param="model")
+    return chosen[0]
 
 
 def _endpoint() -> str:
@@ -69,13 +97,27 @@ def held_layout(files: list[str]) -> str | None:
 
 def download(name: str) -> Path:
     """The local folder of the Hub model `name` (downloaded into the Hub cache if needed)."""
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 
     repo, revision = split_name(name)
+    tag = split_tag(name)[1]
     try:
+        if constants.HF_HUB_OFFLINE and tag is not None:  # the cached snapshot's GGUF files
+            folder = Path(snapshot_download(repo, revision=revision, allow_patterns=["*.gguf"]))
+            chosen = pick_gguf(name, [p.name for p in folder.glob("*.gguf")], tag)
+            if chosen is None:
+                raise UnmaskError(f"model {name!r}: offline, and no GGUF file of it is in the cache", param="model")
+            return folder / chosen
         if not constants.HF_HUB_OFFLINE:
             info = HfApi().model_info(repo, revision=revision)
-            problem = held_layout([s.rfilename for s in info.siblings or []])
+            files = [s.rfilename for s in info.siblings or []]
+            problem = held_layout(files)
+            gguf = pick_gguf(name, files, tag) if problem or tag else None
+            if gguf is not None:
+                return Path(hf_hub_download(repo, gguf, revision=revision))
+            if tag is not None:
+                raise UnmaskError(f"model {name!r}: the tag {tag!r} names a GGUF file, and the repository holds none",
+                                  param="model")
             if problem:
                 raise UnmaskError(f"model {name!r}: the Hub repository holds no checkpoint layout unmask reads "
                                   f"(config.json and safetensors weights): it has {problem}", param="model")

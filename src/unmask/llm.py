@@ -25,6 +25,7 @@ from unmask.layers.dispatch import default_numerics
 from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
+from unmask.models.gguf import GGUFFile, is_gguf
 from unmask.models.loader import (DTYPES, check_linear_kernel, check_quantize, check_split, load_model,
                                   read_json, resolve_dtype)
 from unmask.models.registry import resolve_family
@@ -150,7 +151,10 @@ class LLM:
         if not isinstance(self.generation_config, dict):
             raise CheckpointError(f"{gen_path} must hold a JSON object")
         family = resolve_family(self.config)
-        self.tokenizer = Tokenizer.from_dir(self._tokenizer_dir(family))
+        if is_gguf(self.path):  # the tokenizer the file holds (unmask.models.gguf)
+            self.tokenizer = Tokenizer(*GGUFFile(self.path).tokenizer())
+        else:
+            self.tokenizer = Tokenizer.from_dir(self._tokenizer_dir(family))
         if self.arch.family == "a2d":  # rendered as dllm renders it
             from unmask.models.a2d import TEMPLATE_VARS
 

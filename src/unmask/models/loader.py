@@ -20,6 +20,7 @@ from unmask.layers.dispatch import replace
 from unmask.layers.quant import quantize_rows
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
+from unmask.models.gguf import GGUFFile, is_gguf
 from unmask.models.parallel import ZERO, check_divisible, read_slice, shard_model
 from unmask.models.registry import resolve_family
 
@@ -97,18 +98,25 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     quantized as it is read, so no float copy of the model is ever whole. `linear_kernel` (float32
     on CPU; default: env UNMASK_LINEAR_KERNEL, else "auto"): unmask.layers.dispatch."""
     folder = Path(path)
-    if not folder.is_dir():
+    source = None
+    if is_gguf(folder):  # llama.cpp's single-file format (unmask.models.gguf)
+        source = GGUFFile(folder)
+        if tp is not None:
+            raise CheckpointError(f"{folder}: tensor parallelism reads safetensors shards; a GGUF file runs in one "
+                                  "process")
+    elif not folder.is_dir():
         inside = file_inside_file(folder)
         what = ("is a file" if folder.exists() else "does not exist"
                 + (f" ({inside} is a file)" if inside is not None else ""))
         raise CheckpointError(f"model folder {folder} {what}; a model is a checkpoint folder (config.json, "
-                              "safetensors, tokenizer files) or an embedded model's name")
-    cfg = read_json(folder / "config.json")
+                              "safetensors, tokenizer files), a GGUF file or an embedded model's name")
+    cfg = source.config() if source is not None else read_json(folder / "config.json")
     family = resolve_family(cfg)
     arch = family.arch_of(cfg, folder)
     device = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    files = {k: f for k, f in weight_files(folder).items() if not k.endswith(_IGNORED_SUFFIXES)}
+    files = {} if source is not None else {k: f for k, f in weight_files(folder).items()
+                                           if not k.endswith(_IGNORED_SUFFIXES)}
     if family.skipped is not None:
         reasons = {k: family.skipped(k) for k in files}
         files = {k: f for k, f in files.items() if reasons[k] is None}
@@ -116,7 +124,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         if vision:
             warnings.warn(f"{folder}: {vision} vision-tower tensors skipped: unmask runs this model on text only "
                           "(image input is not supported)", UnmaskWarning, stacklevel=2)
-    if arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
+    if source is None and arch.num_layers > len(files):  # each layer has weights: refuse before building a huge module
         raise CheckpointError(f"{folder}: config.json says {arch.num_layers} layers, but the checkpoint holds only "
                               f"{len(files)} tensors")
     try:
@@ -126,6 +134,13 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         raise CheckpointError(f"{folder}: config.json describes tensors that cannot be built (hidden size "
                               f"{arch.hidden_size}, {arch.num_heads} heads, intermediate size {arch.intermediate_size}, "
                               f"vocabulary {arch.vocab_size}): {e}") from None
+    if source is not None:  # the release's names, found in the file by llama.cpp's table
+        names = source.names(list(model.state_dict()), arch.num_layers)
+        left = source.unmapped(names)
+        if left:
+            raise CheckpointError(f"{folder}: tensors unmask's {family.name} model has no place for: {_few(left)}")
+        files = {k: folder for k in names}
+        source.release_names = names
     kernel = check_linear_kernel(linear_kernel)
     lean: list[str] = []
     head = model.parts()[3] if hasattr(model, "parts") else None  # a tied head: none
@@ -137,7 +152,7 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         if on_cpu:
             lean = targets(model, head)
     model = _fill(model, folder, files, device, torch_dtype, tp, lean,
-                  kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default")
+                  kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default", source, cfg)
     if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
@@ -201,7 +216,8 @@ def check_quantize(quantize, device, dtype) -> None:
                           param="quantize")
 
 
-def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = (), kernel: str = "default"):
+def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = (), kernel: str = "default",
+          source=None, cfg: dict | None = None):
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
     present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
     layers named in `int8` are quantized weight by weight as they are read (unmask.layers.quant);
@@ -272,6 +288,9 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
         else:
             runs.append((files[k], [k]))
     for f, keys in runs:
+        if source is not None:  # a GGUF file (unmask.models.gguf): each tensor dequantized to float32
+            _read_gguf(source, cfg, keys, expected, state, device, dtype, convert, adopt)
+            continue
         _safetensors(f, "reading tensors", lambda f=f, keys=keys: _read_shard(f, keys, expected, state, device,
                                                                               dtype, specs, convert, adopt))
     for name, q in reordered.items():
@@ -381,6 +400,24 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                 if adopt is None or not adopt(k, out):
                     state[k] = out
                 del out, flat, into  # an adopted tensor's plain copy goes now, before the next is read
+
+
+def _read_gguf(source, cfg: dict, keys: list[str], expected: dict, state: dict, device, dtype, convert=None,
+               adopt=None) -> None:
+    """Read `keys` (the release's names) from a GGUF file into `state` (or `convert` / `adopt`
+    them, as _read_shard does), each dequantized to float32 in the release's layout."""
+    for k in keys:
+        t = source.read(source.release_names[k], k, cfg)
+        if tuple(t.shape) != tuple(expected[k]):
+            raise CheckpointError(f"{source.path}: tensor {source.release_names[k]!r} ({k}) has shape "
+                                  f"{tuple(t.shape)}, expected {tuple(expected[k])}")
+        _check_finite(source.path, k, t)
+        if convert is not None and convert(k, None):  # int8: quantized from the float tensor
+            convert(k, t)
+            continue
+        t = t.to(device=device, dtype=dtype)
+        if adopt is None or not adopt(k, t):
+            state[k] = t
 
 
 def _header(f: Path) -> tuple[int, dict]:

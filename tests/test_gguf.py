@@ -1,0 +1,134 @@
+"""GGUF files written by llama.cpp's own converter (tests/data/gguf-upstream, recorded by its
+record.py from the tiny LLaDA and Dream checkpoints of tests/checkpoints.py): read through the
+`gguf` package, they are their safetensors source — F32 weight for weight and token for token,
+F16 / BF16 / Q8_0 as the format rounds them — and what unmask cannot run is refused by name."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from unmask import LLM
+from unmask.errors import CheckpointError
+from unmask.models.gguf import GGUFFile, is_gguf
+from checkpoints import write_dream, write_llada
+
+DATA = Path(__file__).parent / "data" / "gguf-upstream"
+WRITE = {"llada": lambda p: write_llada(p, bpe=True, shards=1), "dream": lambda p: write_dream(p, bpe=True, shards=1)}
+TEXTS = ["the cat sat on the mat", "def f(x):\n    return x + 1\n", "3 + 4 = 7, 12 * 12 = 144 ünïcode"]
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def pair(request, tmp_path_factory):
+    """(the safetensors source, the same model from llama.cpp's F32 GGUF of it)."""
+    src = WRITE[request.param](tmp_path_factory.mktemp(request.param))
+    return request.param, LLM(src), LLM(DATA / f"{request.param}-f32.gguf")
+
+
+def test_f32_gguf_is_its_source_weight_for_weight_and_token_for_token(pair):
+    name, src, gg = pair
+    assert gg.arch == src.arch and gg.token_ids == src.token_ids
+    a, b = src.model.state_dict(), gg.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # q/k unpermuted, names mapped
+    for text in TEXTS:
+        assert gg.tokenizer.encode(text, add_special_tokens=False) == src.tokenizer.encode(text, add_special_tokens=False)
+        ids = src.tokenizer.encode(text, add_special_tokens=False)
+        assert gg.tokenizer.decode(ids) == src.tokenizer.decode(ids)
+    assert gg.tokenizer.chat_template == src.tokenizer.chat_template
+    ids = [src.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    for params in (src.default_params(gen_length=16), src.default_params(gen_length=16, block_length=8, steps=16,
+                                                                          policy="fixed", cache="none")):
+        assert [r.raw_ids for r in gg.generate(ids, params).results] == \
+            [r.raw_ids for r in src.generate(ids, params).results]
+
+
+def test_the_prompt_gets_the_bos_the_file_asks_for():
+    """LLaDA's converter writes add_bos_token: llama.cpp begins every prompt with BOS, and so does
+    the tokenizer rebuilt from the file."""
+    gg = GGUFFile(DATA / "llada-f32.gguf")
+    tok, cfg, _ = gg.tokenizer()
+    bos = int(gg.meta["tokenizer.ggml.bos_token_id"])
+    assert gg.meta["tokenizer.ggml.add_bos_token"] and tok.encode("the cat").ids[0] == bos
+    assert cfg["bos_token"] == gg.meta["tokenizer.ggml.tokens"][bos]
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "q8_0"])
+def test_smaller_types_are_the_source_as_the_format_rounds_it(pair, kind):
+    name, src, _ = pair
+    gg = LLM(DATA / f"{name}-{kind}.gguf")
+    a, b = src.model.state_dict(), gg.model.state_dict()
+    cast = {"f16": torch.float16, "bf16": torch.bfloat16}.get(kind)
+    for k in a:
+        if a[k].dim() == 1:  # norms and biases stay F32 in every file the converter writes
+            assert torch.equal(a[k], b[k]), k
+        elif cast is not None:
+            assert torch.equal(a[k].to(cast).float(), b[k]), k
+        else:  # Q8_0: blocks of 32 along a row, int8 codes and one scale (amax / 127) each
+            blocks = a[k].reshape(-1, 32)
+            step = blocks.abs().amax(1, keepdim=True) / 127
+            # (the scale itself is stored as float16: up to 127 codes times its rounding more)
+            assert ((blocks - b[k].reshape(-1, 32)).abs() <= 0.57 * step + 1e-7).all(), k
+    x = torch.tensor([src.tokenizer.encode(" ".join(TEXTS), add_special_tokens=False)])
+    pos = torch.arange(x.shape[1])[None]
+    with torch.no_grad():
+        la, lb = src.model(x, pos), gg.model(x, pos)
+    rel = ((la - lb).norm() / la.norm()).item()
+    agree = (la.argmax(-1) == lb.argmax(-1)).float().mean().item()
+    # logits' relative error on these tiny random models (measured: f16 < 1e-3, bf16 ~1.6e-2,
+    # q8_0 ~4e-2; argmax agreement 0.85-0.95)
+    assert rel < {"f16": 2e-3, "bf16": 3e-2, "q8_0": 8e-2}[kind] and agree >= 0.8, (kind, rel, agree)
+
+
+def test_a_gguf_runs_in_int8_and_from_the_cli(tmp_path, capsys):
+    from unmask.cli import main
+
+    gg = LLM(DATA / "llada-f32.gguf", quantize="int8")
+    assert gg.generate(["the cat"], gg.default_params(gen_length=8), chat=False).results[0].nfe >= 1
+    assert main(["generate", "--model", str(DATA / "llada-f32.gguf"), "--gen-length", "8", "--json", "the cat"]) == 0
+    assert "text" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _write(path: Path, arch: str, tensors: dict, meta: dict | None = None) -> Path:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (meta or {}).items():
+        w.add_uint32(k, v)
+    for k, v in tensors.items():
+        w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_what_unmask_cannot_run_is_refused_by_name(tmp_path):
+    with pytest.raises(CheckpointError, match="GGUF architecture 'llama' is not one unmask runs; it reads llada, dream"):
+        LLM(_write(tmp_path / "llama.gguf", "llama", {"token_embd.weight": np.zeros((4, 32), np.float32)}))
+    # the converter's LLaDA file with one tensor more than the model has a place for
+    src = GGUFFile(DATA / "llada-f32.gguf")
+    extra = tmp_path / "extra.gguf"
+    import gguf
+
+    w = gguf.GGUFWriter(str(extra), "llada")
+    for k, f in src.reader.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        w.add_key_value(k, f.contents(), f.types[0], sub_type=f.types[-1] if len(f.types) > 1 else None)
+    for t in src.reader.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=None)
+    w.add_tensor("blk.0.attn_sinks.weight", np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(CheckpointError, match="tensors unmask's llada model has no place for: blk.0.attn_sinks"):
+        LLM(extra)
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(60))
+    assert not is_gguf(not_gguf)
+    with pytest.raises(CheckpointError, match="is a file"):
+        LLM(not_gguf)
