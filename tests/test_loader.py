@@ -226,3 +226,19 @@ def test_logit_shift_extension(folder):
         (folder / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(CheckpointError, match="logit_shift"):
             load_model(folder)
+
+
+def test_loading_builds_modules_without_their_initialisers():
+    """A model is built on the meta device and every weight assigned from the checkpoint: its
+    modules' random init is skipped (on meta it would go through PyTorch's reference ops and
+    import torch._dynamo, over a second of start-up), and the initialisers are back afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom unmask import LLM\nLLM('default')\n"
+            "w = torch.empty(4, 4)\ntorch.nn.init.ones_(w)\n"
+            "print('torch._dynamo' in sys.modules, bool((w == 1).all()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"})
+    assert out.stdout.split() == ["False", "True"], out.stderr[-500:]
