@@ -55,7 +55,22 @@ def test_results_table_matches_its_json():
             assert cells[3] == "–"
         assert cells[4] == f"{r['nfe_per_request']:.1f}", (label, cells[4])
         assert cells[5] == f"{r['tokens_per_s']:.0f}", (label, cells[5])
-    assert report["context"]["commit"].startswith("334b4c6") and "commit 334b4c6" in README
+    assert f"commit {report['context']['commit'][:7]}" in README
+
+
+def test_results_json_was_made_with_the_defaults_the_code_has_now():
+    """The front page's default row is today's default: the bench recorded the model's default
+    parameters and linear kernel when it ran, and they are the ones the code gives now."""
+    from unmask import LLM
+    from unmask.models.loader import check_linear_kernel
+
+    report = json.loads((ROOT / "benchmarks/results/splits/report.json").read_text())
+    ctx, d = report["context"], LLM("default").default_params()
+    assert ctx["linear_kernel"] == check_linear_kernel(None)
+    assert ctx["defaults"] == {"policy": d.policy, "knob": d.threshold, "cache": d.cache,
+                               "block_length": d.block_length, "gen_length": d.gen_length}
+    shown = next(r for r in report["headline"] if r["role"] == "unmask best" and r["batch"] == 8)["config"]
+    assert {k: shown[k] for k in ("policy", "knob", "cache", "block_length", "gen_length")} == ctx["defaults"]
 
 
 def test_laptop_table_matches_its_json():
