@@ -10,7 +10,7 @@ committed prefix (completion.py). Errors use OpenAI's shape: 400 for bad paramet
 JSON, 401 without the API key, 404 for another model name, 429 when the queue is full.
 
 The pieces: protocol.py and protocol_infill.py (request bodies), requests.py (prompt and parameter checks), completion.py
-(one request's choices, streamed or whole), openai.py (response shapes), text.py (the committed
+(one request's choices, streamed or whole; rounds.py: a template's bounded holes one by one), openai.py (response shapes), text.py (the committed
 text stream), playground.py, metrics.py, async_engine.py (the engine's thread).
 """
 
