@@ -51,7 +51,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
         prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
         out = llm.generate(prompts, params, chat=False if a.suffix is not None else a.chat, suffix=a.suffix,
                            constraint=constraint)
-    policy = ("speculative" if llm.drafter is not None else "autoregressive") if llm.arch.causal else params.policy
+    label = llm.takes.label
+    policy = ("speculative" if llm.drafter is not None else label) if label == "autoregressive" else params.policy
     if a.json:
         exact = params.compat is not None  # compat modes return the whole canvas, like the reference
         print(json.dumps({
@@ -185,7 +186,7 @@ def cmd_diagnose(a: argparse.Namespace) -> int:
     given_params(a)
     plots = diagnose_outputs(a.out) if a.out is not None else ()  # checked before anything loads, created after
     llm = load_llm(a)
-    if llm.arch.causal:
+    if llm.takes.label == "autoregressive":
         raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
     params = params_for(llm, a, fast=True)
     report = diagnose.run(llm, params, tasks, a.n, a.batch_size)

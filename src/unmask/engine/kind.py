@@ -92,6 +92,7 @@ class Takes:
     a request may carry, None where the kind takes it, else the refusal, naming why. Front ends
     ask it (unmask.inputs, the LLM, the server) and never check the model's kind themselves."""
 
+    label: str = "masked"  # what its rows decode as, for people: masked, autoregressive, renoising
     suffix: str | None = None  # text after the hole (infilling)
     template: str | None = None  # a region of several holes with fixed text between them
     constraint: str | None = None  # structured output

@@ -53,7 +53,8 @@ class MaskedKind:
     @classmethod
     def takes(cls, arch, tokens) -> Takes:
         """Every input; text after a hole and templates as the model's attention allows."""
-        return Takes(suffix=reads_after(arch, tokens), template=several_holes(arch))
+        return Takes("autoregressive" if arch.causal else "masked", suffix=reads_after(arch, tokens),
+                     template=several_holes(arch))
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens

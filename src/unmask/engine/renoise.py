@@ -97,7 +97,7 @@ class RenoiseKind:
     def takes(cls, arch, tokens) -> Takes:
         """Prompts only: no text after a hole, no template, no structured output (the whole canvas
         is rewritten each step)."""
-        return Takes(suffix=reads_after(arch, tokens), template=several_holes(arch),
+        return Takes("renoising", suffix=reads_after(arch, tokens), template=several_holes(arch),
                      constraint="a renoising model rewrites its whole canvas each step; structured output is not "
                                 "supported for renoising rows")
 

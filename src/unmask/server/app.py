@@ -57,7 +57,7 @@ def build_app(llm: LLM, served_model_name: str = "unmask", api_key: str | None =
     app.state.llm, app.state.model_name = llm, served_model_name
     _handlers(app, api_key)
     specials = special_strings(llm)
-    kind = {"causal": "autoregressive", "renoise": "renoising"}.get(llm.arch.kind, "masked")
+    kind = llm.takes.label  # masked, autoregressive or renoising (the playground's view)
     hole = llm.takes.suffix is None  # its rows read text after a hole (engine/kind.py Takes)
 
     @app.get("/health")
