@@ -31,7 +31,7 @@ from unmask.models.loader import (DTYPES, check_linear_kernel, check_quantize, c
 from unmask.models.registry import resolve_family
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
-from unmask.params import (MODEL_DEFAULT_KEYS, RENOISE_COMPAT, GenerationParams, check_fields, renoise_defaults,
+from unmask.params import (MODEL_DEFAULT_KEYS, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
 from unmask.compat import COMPAT_MODES, get_mode
 from unmask.reference import run_reference
@@ -216,7 +216,7 @@ class LLM:
         block_length, steps) and the diffusion decoding settings (policy, its knobs, cache);
         sampling settings (temperature, top_p, ...) stay the caller's."""
         g = self.generation_config
-        if self.arch.kind == "renoise":  # a renoising model: its sampler's fields, as its generate reads them
+        if self.takes.sampler is not None:  # a renoising model: its sampler's fields, as its generate reads them
             return renoise_defaults(g)
         defaults = {k: g[k] for k in MODEL_DEFAULT_KEYS if k in g}
         if self.arch.block_size:  # a block-diffusion model decodes its own blocks, with its exact cache
@@ -243,17 +243,18 @@ class LLM:
         caller gave, this model's generation defaults and, with `fast` (not for an autoregressive
         or renoising model), unmask's fast defaults. A renoising model's sampler settings come from
         its checkpoint."""
-        keys = get_mode(RENOISE_COMPAT).model_keys if self.arch.kind == "renoise" else ()
+        sampler = self.takes.sampler  # rows that decode as a reference sampler does, its settings theirs
+        keys = get_mode(sampler).model_keys if sampler is not None else ()
         if keys:  # its sampler is the entropy bound; masked samplers' references do not apply
-            if given.get("compat", RENOISE_COMPAT) not in (None, RENOISE_COMPAT):
+            if given.get("compat", sampler) not in (None, sampler):
                 raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
                                   f"{self.arch.family} model is a renoising model (its own sampler, or compat "
-                                  f"{RENOISE_COMPAT!r})", param="compat")
+                                  f"{sampler!r})", param="compat")
             refuse_unused_renoising(given, self.arch)
             given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
         elif isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
             get_mode(given["compat"]).check_family(self.arch.family)  # before its settings: a default may not fit it
-        return resolve_params(given, self.generation_defaults, fast and not self.arch.causal and not keys,
+        return resolve_params(given, self.generation_defaults, fast and self.takes.fast,
                               block_size=self.arch.block_size, model_keys=keys, check=check)
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:

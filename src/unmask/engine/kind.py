@@ -98,6 +98,11 @@ class Takes:
     constraint: str | None = None  # structured output
     sampled_constraint: str | None = None  # structured output at a temperature above 0
     logprobs: str | None = None  # each token's log-probability
+    # its rows' parameters: unmask's fast defaults apply (masked diffusion rows), or not (an
+    # autoregressive or renoising model decodes as its own sampler does); `sampler`: the reference
+    # mode whose settings its rows take, from the checkpoint (a renoising model's own sampler)
+    fast: bool = True
+    sampler: str | None = None
 
     def need(self, what: str, param: str | None = None) -> None:
         """Raise the kind's refusal of input `what` (an UnmaskError naming `param`), if it has one."""

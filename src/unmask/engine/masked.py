@@ -54,7 +54,7 @@ class MaskedKind:
     def takes(cls, arch, tokens) -> Takes:
         """Every input; text after a hole and templates as the model's attention allows."""
         return Takes("autoregressive" if arch.causal else "masked", suffix=reads_after(arch, tokens),
-                     template=several_holes(arch))
+                     template=several_holes(arch), fast=not arch.causal)
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens

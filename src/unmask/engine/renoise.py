@@ -35,6 +35,7 @@ from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Take
 from unmask.engine.rows import Rows, per_row
 from unmask.kv.prefix import PrefixStore
 from unmask.kv.renoise import RenoiseKV
+from unmask.params import RENOISE_COMPAT
 from unmask.sampler.logprobs import token_logprobs
 from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.sampler.stops import first_stop_index
@@ -99,7 +100,7 @@ class RenoiseKind:
         is rewritten each step)."""
         return Takes("renoising", suffix=reads_after(arch, tokens), template=several_holes(arch),
                      constraint="a renoising model rewrites its whole canvas each step; structured output is not "
-                                "supported for renoising rows")
+                                "supported for renoising rows", fast=False, sampler=RENOISE_COMPAT)
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws

@@ -99,7 +99,7 @@ class SpecKind:
     def takes(cls, arch, tokens) -> Takes:
         """The target's text after a hole (prefix-suffix-middle) where it reads it; structured
         output on greedy rows only (RowGrammar.verify checks the drafter's tokens greedily)."""
-        return Takes("autoregressive", suffix=reads_after(arch, tokens), template=several_holes(arch),
+        return Takes("autoregressive", suffix=reads_after(arch, tokens), template=several_holes(arch), fast=False,
                      sampled_constraint="structured output on speculative rows is greedy: temperature must be 0")
 
     def __init__(self, ctx: KindContext) -> None:
