@@ -45,8 +45,6 @@ class Completion(HoleRounds):
         # a template whose holes' lengths are bounds: one engine request per hole, left to right
         # (holes.Template.round), with the parameters the template was given (requests.infill)
         self.rounds: GenerationParams | None = self.holes.pop("rounds", None)
-        if "constraint" in self.holes:  # structured output holds the whole region to its language
-            self.rounds = None
         self.top = logprobs
         if logprobs is not None:
             self.holes = {**self.holes, "logprobs": logprobs}
