@@ -174,7 +174,7 @@ def test_renoising_rows_reuse_the_encoders_prompt(tmp_path):
     other = [rng.randrange(3, 120) for _ in range(20)]
     ids = [(shared if rng.random() < 0.7 else other) + [rng.randrange(3, 120) for _ in range(rng.randrange(1, 8))]
            for _ in range(10)]
-    params = [llm.default_params(seed=i, gen_length=32) for i in range(len(ids))]
+    params = [llm.default_params(seed=i, gen_length=32, max_denoising_steps=16) for i in range(len(ids))]
 
     def run(config, stagger):
         engine = llm.engine(config)
