@@ -75,21 +75,30 @@ class Completion(HoleRounds):
     def _submit(self, params: GenerationParams) -> None:
         if self.rounds is not None:
             return self._submit_rounds()
-        queues = []
         grammar = self.holes.get("constraint")  # structured output: each choice its own grammar state
+
+        def submit(i: int) -> asyncio.Queue:
+            seed = None if params.seed is None else params.seed + i
+            extra = self.holes if grammar is None or i == 0 else {**self.holes, "constraint": grammar.copy()}
+            return self.engine.submit(self.names[i], self.ids, replace(params, seed=seed), watch=self.diffusing,
+                                      **extra)
+
+        self._start(submit, self._forward)
+
+    def _start(self, submit, forward) -> None:
+        """Each choice's first engine request (`submit(i)` -> its queue), then `forward(i, queue)`
+        for each; a full queue is a 429 and what was already queued is taken back."""
+        queues = []
         try:
-            for i, name in enumerate(self.names):
-                seed = None if params.seed is None else params.seed + i
-                extra = self.holes if grammar is None or i == 0 else {**self.holes, "constraint": grammar.copy()}
-                queues.append(self.engine.submit(name, self.ids, replace(params, seed=seed), watch=self.diffusing,
-                                                 **extra))
+            for i in range(self.n):
+                queues.append(submit(i))
         except (QueueFull, UnmaskError) as e:
-            for name in self.names[: len(queues)]:
-                self.engine.abort(name)
+            for rid in self.live[: len(queues)]:
+                self.engine.abort(rid)
             if isinstance(e, QueueFull):
                 raise APIError(429, str(e), "rate_limit_error") from None
             raise APIError(503, str(e), "server_error") from None
-        self.forwarders = [asyncio.create_task(self._forward(i, q)) for i, q in enumerate(queues)]
+        self.forwarders = [asyncio.create_task(forward(i, q)) for i, q in enumerate(queues)]
 
     async def _forward(self, i: int, q: asyncio.Queue) -> None:
         while True:

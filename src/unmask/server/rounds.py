@@ -8,7 +8,6 @@ from dataclasses import replace
 from unmask import holes as holes_
 from unmask.errors import UnmaskError
 from unmask.server.async_engine import QueueFull
-from unmask.server.openai import APIError
 
 
 class _Rounds:
@@ -38,17 +37,7 @@ class HoleRounds:
     def _submit_rounds(self) -> None:
         """A template of bounded holes: each choice's first hole now (a full queue is a 429), the
         next ones as each finishes (_forward_rounds)."""
-        firsts = []
-        try:
-            for i in range(self.n):
-                firsts.append(self._round(i, 0, []))
-        except (QueueFull, UnmaskError) as e:
-            for rid in self.live[: len(firsts)]:
-                self.engine.abort(rid)
-            if isinstance(e, QueueFull):
-                raise APIError(429, str(e), "rate_limit_error") from None
-            raise APIError(503, str(e), "server_error") from None
-        self.forwarders = [asyncio.create_task(self._forward_rounds(i, q)) for i, q in enumerate(firsts)]
+        self._start(lambda i: self._round(i, 0, []), self._forward_rounds)
 
     def _round(self, i: int, h: int, filled: list[list[int]]) -> asyncio.Queue:
         rt = self.template.round(h, filled)
