@@ -84,6 +84,8 @@ def test_smaller_types_are_the_source_as_the_format_rounds_it(pair, kind):
 def test_a_gguf_runs_in_int8_and_from_the_cli(tmp_path, capsys):
     from unmask.cli import main
 
+    assert LLM.check_args(DATA / "dream-q8_0.gguf") == DATA / "dream-q8_0.gguf"  # what Ray replicas check first
+
     gg = LLM(DATA / "llada-f32.gguf", quantize="int8")
     assert gg.generate(["the cat"], gg.default_params(gen_length=8), chat=False).results[0].nfe >= 1
     assert main(["generate", "--model", str(DATA / "llada-f32.gguf"), "--gen-length", "8", "--json", "the cat"]) == 0

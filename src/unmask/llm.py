@@ -100,9 +100,12 @@ class LLM:
         (for processes that load elsewhere: Ray Serve replicas, Ray Data actors); the device is
         checked by name only, since it is another machine's. Returns the model folder."""
         path = resolve_model_path(model)
-        if not path.is_dir():
+        if is_gguf(path):  # a GGUF file: its settings as the release's config (unmask.models.gguf)
+            cfg = GGUFFile(path).config()
+        elif not path.is_dir():
             raise UnmaskError(f"model folder {path} does not exist", param="model")
-        cfg = read_json(path / "config.json")
+        else:
+            cfg = read_json(path / "config.json")
         resolve_family(cfg)
         check_linear_kernel(linear_kernel)
         world = check_world(tensor_parallel)
