@@ -92,6 +92,58 @@ def test_a_gguf_runs_in_int8_and_from_the_cli(tmp_path, capsys):
     assert "text" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """The 256-wide LLaDA that llama-quantize's files (llada256-*.gguf) were made from."""
+    return LLM(write_llada(tmp_path_factory.mktemp("wide"), d=256, layers=1, heads=4, kv_heads=2, ff=256, bpe=True,
+                           shards=1))
+
+
+# each type's relative error per weight matrix on these Gaussian weights (measured: Q4_0 0.086,
+# Q4_K 0.072, Q5_K 0.036, Q6_K 0.018; the bound a little above)
+ROUNDING = {"Q4_0": 0.095, "Q4_K": 0.08, "Q5_K": 0.04, "Q6_K": 0.02}
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "q4_k_m", "q5_k_m"])
+def test_llama_quantize_files_are_their_source_as_each_type_rounds_it(wide, kind):
+    """Files llama-quantize wrote (Q4_0; Q4_K_M = Q4_K and Q6_K tensors; Q5_K_M = Q5_K and Q6_K)
+    load, each weight its source within its type's rounding, and decode."""
+    f = GGUFFile(DATA / f"llada256-{kind}.gguf")
+    gg = LLM(f.path)
+    a, b = wide.model.state_dict(), gg.model.state_dict()
+    seen = set()
+    for k, name in f.names(list(a), 1).items():
+        t = f.tensors[name].tensor_type.name
+        if a[k].dim() == 2:
+            seen.add(t)
+            assert ((a[k] - b[k]).norm() / a[k].norm()).item() < ROUNDING[t], (k, t)
+        else:
+            assert torch.equal(a[k], b[k]), k  # norms stay F32
+    assert seen == {"q4_0": {"Q4_0", "Q6_K"}, "q4_k_m": {"Q4_K", "Q6_K"}, "q5_k_m": {"Q5_K", "Q6_K"}}[kind]
+    out = gg.generate(["the cat"], gg.default_params(gen_length=8), chat=False).results[0]
+    assert len(out.raw_ids) == 8
+
+
+def test_q4_0_stays_in_four_bits_with_int4(wide):
+    """With quantize="int4" a Q4_0 tensor keeps its nibbles (no second rounding to 4 bits; q/k rows
+    unpermuted as the float load unpermutes them) and its scales as the kernel's codes: each int4
+    layer multiplies by the weight the float load dequantizes, within one int8 step of its row."""
+    from unmask.layers.int4 import Int4Linear, quantize_groups
+
+    plain, packed = LLM(DATA / "llada256-q4_0.gguf"), LLM(DATA / "llada256-q4_0.gguf", quantize="int4")
+    layers = {n: m for n, m in packed.model.named_modules() if isinstance(m, Int4Linear)}
+    assert len(layers) == 7  # q, k, v, o, gate, up, down; the head (Q6_K) stays float
+    weights = plain.model.state_dict()
+    for n, m in layers.items():
+        w = weights[f"{n}.weight"]
+        nibbles = quantize_groups(w)[0]  # the file's nibbles: re-rounding a Q4_0 weight gives them back
+        g = m.packed[: m.out_features].view(m.out_features, -1, 16)
+        assert torch.equal(torch.cat([g & 15, g >> 4], -1).reshape(w.shape), nibbles), n
+        assert ((m.dequantized() - w).abs() <= m.r[: m.out_features, None] * (1 + 1e-5)).all(), n
+    ids = [wide.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    assert [len(r.raw_ids) for r in packed.generate(ids, packed.default_params(gen_length=8)).results] == [8] * 3
+
+
 def _write(path: Path, arch: str, tensors: dict, meta: dict | None = None) -> Path:
     import gguf
 

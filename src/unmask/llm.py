@@ -60,7 +60,8 @@ class LLM:
         drafter of "default-ar") for this autoregressive model: requests are decoded by
         speculative decoding (unmask.engine.speculative), with the target's own output.
         `quantize`: "int8" stores the linear layers' weights in int8 (CPU: unmask.layers.quant; GPU:
-        torchao, unmask.layers.torchao_quant), "fp8" in float8 (GPU only).
+        torchao, unmask.layers.torchao_quant), "int4" in 4 bits, groups of 32 (CPU only:
+        unmask.layers.int4), "fp8" in float8 (GPU only).
         `linear_kernel`: float32 linear layers on CPU through "auto" (the faster kernel per shape,
         measured once per machine), "default" (PyTorch's) or "onednn" (unmask.layers.dispatch);
         None: env UNMASK_LINEAR_KERNEL, else "auto"."""
@@ -123,7 +124,8 @@ class LLM:
             if torch_device is not None:  # a GPU's quantization is checked where the GPU is
                 check_quantize(quantize, torch_device, resolve_dtype(dtype, check_device("cpu")))
             elif quantize not in ("int8", "fp8"):
-                raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose int8 or fp8", param="quantize")
+                raise UnmaskError(f"quantize {quantize!r} on {device}: choose int8 or fp8 (int4 runs on CPU)",
+                                  param="quantize")
         if world > 1:
             check_split(path, world)
         return path

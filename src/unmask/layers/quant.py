@@ -28,7 +28,7 @@ from torch import nn
 
 from unmask.layers.dispatch import replace, routers
 
-QUANTIZE = ("int8",)
+QUANTIZE = ("int8", "int4")  # int4: unmask.layers.int4 (its own kernel)
 
 
 class Int8Linear(nn.Module):
@@ -196,12 +196,18 @@ def check_method(method: str) -> None:
 
 def quantize_model(model: nn.Module, method: str, head: nn.Module | None = None) -> int:
     """Replace every nn.Linear of `model` (but `head` and the routers) by its `method` version, in
-    place, each float weight freed as soon as its int8 copy exists. Returns how many were replaced.
+    place, each float weight freed as soon as its quantized copy exists (int4: the expert weights of
+mixture-of-experts layers, and layers whose inputs are not in groups of 32, in int8). Returns how many were replaced.
     (Loading a checkpoint quantizes each weight as it is read instead: unmask.models.loader.)"""
     check_method(method)
     names = targets(model, head)
     for name in names:
         m = model.get_submodule(name)
-        replace(model, name, Int8Linear.from_linear(m))
+        if method == "int4" and m.in_features % 32 == 0:
+            from unmask.layers.int4 import Int4Linear
+
+            replace(model, name, Int4Linear.from_linear(m))
+        else:  # int8, or int4's fallback for a layer whose inputs are not in groups of 32
+            replace(model, name, Int8Linear.from_linear(m))
         m.weight = None  # the float copy goes now, not at the end
     return len(names) + quantize_experts(model)

@@ -144,6 +144,23 @@ class GGUFFile:
             out = _unpermute(out, heads)
         return out
 
+    def is_q4_0(self, name: str) -> bool:
+        return self.tensors[name].tensor_type == _gguf().GGMLQuantizationType.Q4_0
+
+    def read_q4_0(self, name: str, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """A Q4_0 tensor as stored, in the release's layout: (nibbles (out, in) uint8 0..15 meaning
+        q - 8, scales (out, in/32) float32) for unmask.layers.int4 (LLaDA's q and k rows
+        unpermuted, as `read` does)."""
+        from unmask.layers.int4 import from_q4_0_blocks
+
+        t = self.tensors[name]
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        q, d = from_q4_0_blocks(np.asarray(t.data), shape[0], shape[1])
+        if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
+            heads = cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
+            q, d = _unpermute(q, heads), _unpermute(d, heads)
+        return q, d
+
     def tokenizer(self):
         """(tokenizers.Tokenizer, tokenizer_config fields, chat template) rebuilt from the file."""
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors

@@ -18,6 +18,7 @@ from torch import nn
 
 from unmask.errors import CheckpointError, UnmaskError, UnmaskWarning
 from unmask.layers.dispatch import replace
+from unmask.layers.int4 import quantize_groups
 from unmask.layers.quant import quantize_rows
 from unmask.files import file_inside_file
 from unmask.models.base import DiffusionLM
@@ -153,7 +154,8 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
         if on_cpu:
             lean = targets(model, head)
     model = _fill(model, folder, files, device, torch_dtype, tp, lean,
-                  kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default", source, cfg)
+                  kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default", source, cfg,
+                  quantize or "int8")
     if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
@@ -209,16 +211,23 @@ def check_quantize(quantize, device, dtype) -> None:
 
     device = torch.device(device)
     if quantize not in QUANTIZE + GPU_METHODS:
-        raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose int8 (CPU or GPU) or fp8 (GPU)",
-                          param="quantize")
+        raise UnmaskError(f"quantize {quantize!r} is not a quantization; choose int8 (CPU or GPU), int4 (CPU) or "
+                          "fp8 (GPU)", param="quantize")
     if device.type == "cpu":
         if quantize not in QUANTIZE:
-            raise UnmaskError(f"quantize {quantize}: on CPU unmask quantizes to {', '.join(QUANTIZE)} (PyTorch's "
-                              f"FBGEMM kernels); {quantize} runs on a GPU", param="quantize")
+            raise UnmaskError(f"quantize {quantize}: on CPU unmask quantizes to {', '.join(QUANTIZE)}; "
+                              f"{quantize} runs on a GPU", param="quantize")
         if dtype != torch.float32:
-            raise UnmaskError(f"quantize {quantize}: the int8 kernels take float32 activations; dtype "
+            raise UnmaskError(f"quantize {quantize}: the {quantize} kernels take float32 activations; dtype "
                               f"{str(dtype).replace('torch.', '')} does not combine with it", param="quantize")
+        if quantize == "int4":
+            from unmask.layers.int4 import kernel
+
+            kernel()  # built once per machine; an UnmaskError naming what is missing
         return
+    if quantize == "int4":
+        raise UnmaskError(f"quantize int4 runs on CPU (unmask's kernel), not on {device}; on a GPU choose int8 or fp8",
+                          param="quantize")
     if device.type != "cuda":
         raise UnmaskError(f"quantize {quantize}: runs on CPU (FBGEMM) or CUDA (torchao), not on {device}",
                           param="quantize")
@@ -234,10 +243,12 @@ def check_quantize(quantize, device, dtype) -> None:
 
 
 def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = (), kernel: str = "default",
-          source=None, cfg: dict | None = None):
+          source=None, cfg: dict | None = None, method: str = "int8"):
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
     present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
-    layers named in `int8` are quantized weight by weight as they are read (unmask.layers.quant);
+    layers named in `int8` are quantized weight by weight as they are read, to `method` (int8:
+    unmask.layers.quant; int4: unmask.layers.int4, a GGUF Q4_0 tensor taken as it is stored, a
+    layer whose inputs are not in groups of 32 and mixture-of-experts weights int8);
     with `kernel` "auto" or "onednn" (float32 on CPU) the others move to oneDNN as each is read
     (unmask.layers.dispatch), those first, so the one extra copy a reorder makes comes while
     little else is resident."""
@@ -257,20 +268,27 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
     quantized: dict = {}
     convert = None
     if int8:
+        from unmask.layers.int4 import GROUP, Int4Linear
         from unmask.layers.quant import Int8Linear, expert_parts, install_experts
 
         names = {f"{n}.weight": n for n in int8}
         experts = {k: v for k, v in expert_parts(model).items() if k in files}
         expert_rows: dict = {}
 
-        def convert(k, t) -> bool:
-            """Whether weight `k` is quantized; t: None (asking), a float slice, or (int8 rows, scales)."""
+        def convert(k, t):
+            """Weight `k`'s storage when asked (t None): "int8", "int4" or False (not quantized);
+            else takes t: a float tensor (a slice, a GGUF tensor), (int8 rows, scales) or ("int4",
+            nibbles, scales) (row chunks quantized as read, a GGUF Q4_0 tensor as stored)."""
             if k not in names and k not in experts:
                 return False
             if t is None:
-                return True
+                return "int4" if method == "int4" and k not in experts and expected[k][-1] % GROUP == 0 else "int8"
             if k in experts:
                 expert_rows[k] = t if isinstance(t, tuple) else quantize_rows(t.reshape(-1, t.shape[-1]))
+            elif isinstance(t, tuple) and t[0] == "int4":
+                quantized[names[k]] = Int4Linear(*t[1:])
+            elif convert(k, None) == "int4":
+                quantized[names[k]] = Int4Linear.from_weight(t)
             else:
                 quantized[names[k]] = (Int8Linear.from_int8(*t, None) if isinstance(t, tuple)
                                        else Int8Linear.from_weight(t, None))
@@ -394,16 +412,19 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                             state[k] = t
                     continue
                 begin, end = header[k]["data_offsets"]
-                if convert is not None and convert(k, None):  # int8: quantized row chunk by row chunk
+                how = convert(k, None) if convert is not None else False
+                if how:  # int8 / int4: quantized row chunk by row chunk
                     rows2d = (math.prod(shape[:-1]), shape[-1])  # rows of the last dimension (experts stacked)
-                    q = torch.empty(rows2d, dtype=torch.int8)
-                    scale = torch.empty(rows2d[0], dtype=torch.float64)
+                    four = how == "int4"
+                    q = torch.empty(rows2d, dtype=torch.uint8 if four else torch.int8)
+                    scale = torch.empty((rows2d[0], rows2d[1] // 32) if four else rows2d[0],
+                                        dtype=torch.float32 if four else torch.float64)
 
-                    def into(i, rows, q=q, scale=scale):
-                        q[i : i + len(rows)], scale[i : i + len(rows)] = quantize_rows(rows)
+                    def into(i, rows, q=q, scale=scale, quantize=quantize_groups if four else quantize_rows):
+                        q[i : i + len(rows)], scale[i : i + len(rows)] = quantize(rows)
 
                     _read_rows(fh, f, k, base + begin, end - begin, rows2d, _FLOATS[kind], into)
-                    convert(k, (q, scale))
+                    convert(k, ("int4", q, scale) if four else (q, scale))
                     del q, scale, into
                     continue
                 out = torch.empty(shape, dtype=dtype)
@@ -424,12 +445,15 @@ def _read_gguf(source, cfg: dict, keys: list[str], expected: dict, state: dict, 
     """Read `keys` (the release's names) from a GGUF file into `state` (or `convert` / `adopt`
     them, as _read_shard does), each dequantized to float32 in the release's layout."""
     for k in keys:
+        if convert is not None and convert(k, None) == "int4" and source.is_q4_0(source.release_names[k]):
+            convert(k, ("int4", *source.read_q4_0(source.release_names[k], cfg)))  # kept as stored
+            continue
         t = source.read(source.release_names[k], k, cfg)
         if tuple(t.shape) != tuple(expected[k]):
             raise CheckpointError(f"{source.path}: tensor {source.release_names[k]!r} ({k}) has shape "
                                   f"{tuple(t.shape)}, expected {tuple(expected[k])}")
         _check_finite(source.path, k, t)
-        if convert is not None and convert(k, None):  # int8: quantized from the float tensor
+        if convert is not None and convert(k, None):  # int8 / int4: quantized from the float tensor
             convert(k, t)
             continue
         t = t.to(device=device, dtype=dtype)

@@ -1,0 +1,266 @@
+// 4-bit weights times 8-bit activations on a CPU: unmask's int4 linear kernel (unmask/layers/int4.py).
+//
+// Weights (N rows of K inputs): 4-bit codes in llama.cpp's Q4_0 byte layout (groups of 32 inputs,
+// 16 bytes each, byte j holding element j in its low nibble and element j + 16 in its high one),
+// and per group a signed 8-bit scale code c (stored as c + 128): the group's scale over the row's
+// largest, times 127. A nibble q of a group with code c is the int8 weight LUT[c][q] =
+// round((q - 8) * c / 8), times the row's float scale r[n]: the group's 4-bit value on the row's
+// int8 grid (c = +-127 the row's largest group, whose -8 is -+127). So a
+// 4-bit weight unpacks to int8 with one table lookup (vpshufb) and the multiply is int8 x int8 with
+// int32 sums over the whole row, as an int8 kernel's; no float work per group.
+// K is padded to a multiple of 64 (padding groups: code 0, stored 128) and N to a multiple of 8 (zero rows).
+//
+// Activations are quantized per row to int8 (scale = max |x| / 127), in the order the nibbles
+// unpack to (per 64 inputs: 0-15, 32-47, 16-31, 48-63). AVX512-VNNI multiplies unsigned by signed
+// bytes, so the activations go in shifted by 128 and 128 * sum(w8) of the row (`corr`) comes off;
+// AVX2 multiplies |x| by w8 carrying x's sign. Every path forms the same exact integer
+// D[m, n] = sum_k xq[m, k] * w8[n, k], and y[m, n] = sx[m] * r[n] * D[m, n]: a row's output does not
+// depend on the other rows, the row count or the instruction set.
+//
+// Parallel over blocks of NT output rows (at::parallel_for); each block is unpacked once into a
+// thread's buffer (NT x K int8), then tiles of MT activation rows pass over it, the inputs in
+// chunks of KC. NT = 2, MT = 8, KC = 2048 measured best of those tried on an AMD EPYC (Zen 4, 2
+// threads: benchmarks/int4_kernels.py).
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t G = 32;  // inputs per group
+#ifndef INT4_NT
+#define INT4_NT 2
+#endif
+#ifndef INT4_MT
+#define INT4_MT 8
+#endif
+constexpr int NT = INT4_NT;  // weight rows unpacked together (the output rows of one task)
+constexpr int MTX = INT4_MT;  // activation rows per register tile
+#ifndef INT4_KC
+#define INT4_KC 2048
+#endif
+constexpr int64_t KC = INT4_KC;  // inputs per chunk (a multiple of 64)
+
+struct Table {
+  alignas(64) int8_t v[256][16];
+  Table() {
+    for (int c = 0; c < 256; ++c)
+      for (int q = 0; q < 16; ++q)
+        v[c][q] = static_cast<int8_t>(std::max(-127.0, std::min(127.0, std::nearbyint((q - 8) * (c - 128) / 8.0))));
+  }
+};
+const Table LUT;
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool SHIFTED = true;  // activations stored + 128 (unsigned)
+#else
+constexpr bool SHIFTED = false;
+#endif
+
+// One row of activations -> 64-aligned bytes in nibble order; returns the row's scale (0 for a row of zeros).
+float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out) {
+  float amax = 0.f;
+  for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const float s = amax > 0.f ? amax / 127.f : 1.f;
+  const float inv = 1.f / s;
+  static const int where[4] = {0, 32, 16, 48};  // the 16-wide runs of 64 inputs, in nibble order
+  for (int64_t b = 0; b < Kp; b += 64)
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 16; ++j) {
+        const int64_t k = b + where[r] + j;
+        const int v = k < K ? static_cast<int>(std::max(-127.f, std::min(127.f, std::nearbyint(x[k] * inv)))) : 0;
+        out[b + 16 * r + j] = static_cast<uint8_t>(SHIFTED ? v + 128 : static_cast<int8_t>(v));
+      }
+  return amax > 0.f ? s : 0.f;
+}
+
+// Unpack NT weight rows (n0..n0+NT-1) into int8 w8 in nibble order: buf[i * Kp + k].
+void unpack(const uint8_t* w, const uint8_t* codes, int64_t Kp, int8_t* buf) {
+  const int64_t half = Kp / 2, groups = Kp / G;
+  for (int i = 0; i < NT; ++i) {
+    const uint8_t* wr = w + i * half;
+    const uint8_t* cr = codes + i * groups;
+    int8_t* out = buf + i * Kp;
+#if defined(__AVX2__)
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    for (int64_t p = 0; p < Kp / 64; ++p) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + 32 * p));
+      const __m256i lut = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[2 * p]]))),
+          _mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[2 * p + 1]])), 1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * p), _mm256_shuffle_epi8(lut, _mm256_and_si256(v, lo4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * p + 32),
+                          _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4)));
+    }
+#else
+    for (int64_t p = 0; p < Kp / 64; ++p)
+      for (int h = 0; h < 2; ++h)  // the pair's two groups: first 16 inputs at 16 h, last 16 at 32 + 16 h
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t b = wr[32 * p + 16 * h + j];
+          out[64 * p + 16 * h + j] = LUT.v[cr[2 * p + h]][b & 15];
+          out[64 * p + 32 + 16 * h + j] = LUT.v[cr[2 * p + h]][b >> 4];
+        }
+#endif
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+using Acc = __m512i;  // one (weight row, activation row)'s running integer sums
+inline Acc acc_zero() { return _mm512_setzero_si512(); }
+inline int32_t acc_sum(Acc a) { return _mm512_reduce_add_epi32(a); }
+#elif defined(__AVX2__)
+using Acc = __m256i;
+inline Acc acc_zero() { return _mm256_setzero_si256(); }
+inline int32_t acc_sum(Acc a) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+#else
+using Acc = int32_t;
+inline Acc acc_zero() { return 0; }
+inline int32_t acc_sum(Acc a) { return a; }
+#endif
+
+// D over inputs [k0, k1) for NT unpacked weight rows x MT activation rows, added to st[i * MT + m].
+template <int MT>
+void tile(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* const* xr, Acc* st) {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i a[NT][MT];
+  for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m) a[i][m] = st[i * MT + m];
+  for (int64_t k = k0; k < k1; k += 64) {
+    __m512i x[MT];
+    for (int m = 0; m < MT; ++m) x[m] = _mm512_loadu_si512(xr[m] + k);
+    for (int i = 0; i < NT; ++i) {
+      const __m512i w = _mm512_loadu_si512(w8 + i * Kp + k);
+      for (int m = 0; m < MT; ++m) a[i][m] = _mm512_dpbusd_epi32(a[i][m], x[m], w);
+    }
+  }
+  for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m) st[i * MT + m] = a[i][m];
+#elif defined(__AVX2__)
+  __m256i a[NT][MT];
+  for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m) a[i][m] = st[i * MT + m];
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = k0; k < k1; k += 32) {
+    __m256i ax[MT], x[MT];
+    for (int m = 0; m < MT; ++m) {
+      x[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[m] + k));
+      ax[m] = _mm256_abs_epi8(x[m]);
+    }
+    for (int i = 0; i < NT; ++i) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w8 + i * Kp + k));
+      for (int m = 0; m < MT; ++m)  // |x| * (w with x's sign): pairs at most 2 * 127 * 127, no saturation
+        a[i][m] = _mm256_add_epi32(a[i][m], _mm256_madd_epi16(_mm256_maddubs_epi16(ax[m], _mm256_sign_epi8(w, x[m])), ones));
+    }
+  }
+  for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m) st[i * MT + m] = a[i][m];
+#else
+  for (int i = 0; i < NT; ++i)
+    for (int m = 0; m < MT; ++m) {
+      int32_t d = 0;
+      for (int64_t k = k0; k < k1; ++k) d += int32_t(static_cast<int8_t>(xr[m][k])) * int32_t(w8[i * Kp + k]);
+      st[i * MT + m] += d;
+    }
+#endif
+}
+
+// Inputs [k0, k1) of activation rows [m0, m0 + MT) against the unpacked block.
+template <int MT>
+void span(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* xq, int64_t m0, Acc* st) {
+  const uint8_t* xr[MT];
+  for (int m = 0; m < MT; ++m) xr[m] = xq + (m0 + m) * Kp;
+  tile<MT>(w8, Kp, k0, k1, xr, st + m0 * NT);
+}
+
+}  // namespace
+
+// x (M, K) float32; packed (Np, Kp/2) uint8 nibbles; codes (Np, Kp/32) uint8; r (Np,) float32;
+// corr (Np,) int32 = 128 * sum of the row's int8 weights; N: the real output rows.
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor codes, torch::Tensor r,
+                          torch::Tensor corr, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be 2-d float32");
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && codes.scalar_type() == torch::kUInt8 &&
+              r.scalar_type() == torch::kFloat && corr.scalar_type() == torch::kInt, "bad weight types");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), Np = packed.size(0), Kp = packed.size(1) * 2;
+  TORCH_CHECK(Kp % 64 == 0 && Kp >= K && Kp - K < 64 && Np % NT == 0 && N <= Np, "packed weight does not fit x");
+  auto xq = torch::empty({M, Kp}, torch::kUInt8);
+  auto xs = torch::empty({M}, torch::kFloat);
+  const float* xp = x.data_ptr<float>();
+  uint8_t* q = xq.data_ptr<uint8_t>();
+  float* s = xs.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t a, int64_t b) {
+    for (int64_t m = a; m < b; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp);
+  });
+  auto y = torch::empty({M, N}, torch::kFloat);
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const uint8_t* cd = codes.data_ptr<uint8_t>();
+  const float* rp = r.data_ptr<float>();
+  const int32_t* cr = corr.data_ptr<int32_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t chunk = std::min<int64_t>(Kp, KC);
+  at::parallel_for(0, Np / NT, 1, [&](int64_t a, int64_t b) {
+    std::vector<int8_t> buf(NT * Kp + 64);
+    int8_t* w8 = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+    std::vector<Acc> st(NT * M);  // tile of rows m0..: st[m0 * NT + i * MT + m]
+    for (int64_t t = a; t < b; ++t) {
+      const int64_t n0 = NT * t;
+      unpack(w + n0 * (Kp / 2), cd + n0 * (Kp / G), Kp, w8);
+      std::fill(st.begin(), st.end(), acc_zero());
+      // inputs in chunks, so a chunk of the block and of each activation tile stay in L1 while
+      // every tile passes over it
+      for (int64_t k0 = 0; k0 < Kp; k0 += chunk) {
+        const int64_t k1 = std::min(Kp, k0 + chunk);
+        int64_t m = 0;
+        for (; m + MTX <= M; m += MTX) span<MTX>(w8, Kp, k0, k1, q, m, st.data());
+        for (; m < M; ++m) span<1>(w8, Kp, k0, k1, q, m, st.data());
+      }
+      for (int64_t m0 = 0; m0 < M;) {
+        const int mt = M - m0 >= MTX && (m0 % MTX == 0) ? MTX : 1;
+        for (int i = 0; i < NT && n0 + i < N; ++i)
+          for (int m = 0; m < mt; ++m) {
+            const int32_t raw = acc_sum(st[m0 * NT + i * mt + m]);
+            const int32_t d = SHIFTED ? raw - cr[n0 + i] : raw;
+            yp[(m0 + m) * N + n0 + i] = s[m0 + m] * rp[n0 + i] * static_cast<float>(d);
+          }
+        m0 += mt;
+      }
+    }
+  });
+  return y;
+}
+
+// The int8 table the kernel unpacks with (256 codes x 16 nibbles), for the Python side's reference.
+torch::Tensor int4_table() {
+  auto t = torch::empty({256, 16}, torch::kInt8);
+  std::memcpy(t.data_ptr<int8_t>(), LUT.v, sizeof(LUT.v));
+  return t;
+}
+
+std::string int4_isa() {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return "avx512-vnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &int4_linear, "4-bit weight x 8-bit activation linear (no bias)");
+  m.def("table", &int4_table, "the int8 values of each (scale code + 128, nibble)");
+  m.def("isa", &int4_isa, "the instruction set the kernel was built for");
+}

@@ -1,0 +1,180 @@
+"""4-bit weights for linear layers on CPU (`--quantize int4`, `LLM(..., quantize="int4")`, and GGUF
+files' Q4_0 tensors, their nibbles kept as they are).
+
+Each weight row is cut into groups of 32 inputs, each group 32 signed 4-bit values (-8..7) and a
+scale, rounded exactly as llama.cpp's Q4_0 rounds them (scale = the group's value of largest
+magnitude / -8, as its reference quantizer writes it), so a Q4_0 tensor from a GGUF file keeps its
+nibbles. The group scales are held as 7-bit codes relative to the row's largest (Int4Linear), so
+that a nibble unpacks to an int8 weight by one table lookup and the multiply is int8 x int8 with
+integer sums, as int8 kernels multiply: unmask's own kernel (int4.cpp; AVX512-VNNI, AVX2 or plain
+C++, built once per machine with the C++ compiler PyTorch's extensions use and cached under
+$UNMASK_CACHE_DIR or ~/.cache/unmask/kernels). Activations are quantized per row to int8 on the
+fly, so a row's output depends on nothing else in the batch. PyTorch's own int4 CPU matmul
+(`_weight_int4pack_mm_for_cpu`) measured 20-55x slower than float32 on this project's machines, and
+its dynamic 4-bit one (`_dyn_quant_matmul_4bit`) has a fast path only on ARM: hence a kernel of our
+own.
+
+What stays in floating point is what stays so for int8 (unmask.layers.quant): embeddings, the output
+head, routers, norms.
+"""
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from unmask.errors import UnmaskError
+
+GROUP = 32
+_lock = threading.Lock()
+_kernels: dict = {}
+# instruction sets the kernel is built for: "native" (this CPU's best: AVX512-VNNI, AVX2 or plain
+# C++), or a lower one forced (env UNMASK_INT4_ISA; tests build each)
+ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=native", "-mno-avx512f"],
+             "scalar": ["-mno-avx", "-mno-avx2"]}
+
+
+def kernel(isa: str | None = None):
+    """The compiled kernel module (built on first use, cached per machine and torch version; an
+    UnmaskError naming what is missing if it cannot be built)."""
+    isa = isa or os.environ.get("UNMASK_INT4_ISA") or "native"
+    if isa not in ISA_FLAGS:
+        raise UnmaskError(f"UNMASK_INT4_ISA {isa!r} is not one of {', '.join(ISA_FLAGS)}", param="quantize")
+    with _lock:
+        if isa not in _kernels:
+            from torch.utils import cpp_extension
+
+            src = Path(__file__).with_name("int4.cpp")
+            cache = Path(os.environ.get("UNMASK_CACHE_DIR", Path.home() / ".cache" / "unmask"))
+            where = cache / "kernels" / f"int4-{isa}-torch{torch.__version__}"
+            try:
+                where.mkdir(parents=True, exist_ok=True)
+                _kernels[isa] = cpp_extension.load(
+                    name=f"unmask_int4_{isa}", sources=[str(src)], build_directory=str(where), verbose=False,
+                    extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp"], extra_ldflags=["-fopenmp"])
+            except (RuntimeError, OSError, ImportError, FileNotFoundError) as e:
+                raise UnmaskError(f"int4 weights need their CPU kernel, which could not be built here "
+                                  f"(a C++ compiler and ninja are needed: {str(e).splitlines()[0][:200]})",
+                                  param="quantize") from None
+    return _kernels[isa]
+
+
+def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight (out, in) -> (nibbles (out, in) uint8 0..15 meaning q - 8, scales (out, in/32)
+    float32), Q4_0's rounding: per group d = max / -8 of the element of largest magnitude,
+    q = clamp(round(x / d) + 8, 0, 15). `in` must be a multiple of 32."""
+    out, cols = w.shape
+    if cols % GROUP:
+        raise ValueError(f"int4 weights need inputs in groups of {GROUP}; this layer has {cols}")
+    g = w.float().reshape(out, cols // GROUP, GROUP)
+    pick = g.abs().argmax(-1, keepdim=True)
+    d = g.gather(-1, pick).squeeze(-1) / -8
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    q = torch.clamp(torch.trunc(g * inv[..., None] + 8.5), 0, 15).to(torch.uint8)  # ggml's (int8)(x*id + 8.5f)
+    return q.reshape(out, cols), d
+
+
+def from_q4_0_blocks(raw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GGUF Q4_0 data (rows * cols/32 blocks of 18 bytes: fp16 d, 16 bytes of nibbles) -> (nibbles
+    uint8 (rows, cols) 0..15, scales float32 (rows, cols/32))."""
+    b = torch.from_numpy(np.array(raw, dtype=np.uint8)).reshape(rows, cols // GROUP, 18)
+    d = b[..., :2].contiguous().view(torch.float16).squeeze(-1).float()
+    packed = b[..., 2:]
+    q = torch.cat([packed & 15, packed >> 4], -1)  # element j low nibble, j + 16 high
+    return q.reshape(rows, cols), d
+
+
+def table() -> torch.Tensor:
+    """The int8 weight of each (scale code + 128, nibble): round((q - 8) * c / 8), as the kernel's."""
+    c = torch.arange(256, dtype=torch.float64)[:, None] - 128
+    q = torch.arange(16, dtype=torch.float64)[None] - 8
+    return torch.round(q * c / 8).clamp(-127, 127).to(torch.int8)
+
+
+class Int4Linear(nn.Module):
+    """nn.Linear's forward over 4-bit weights in groups of 32 (llama.cpp's Q4_0 nibbles).
+
+    Each group's float scale is kept as a signed 7-bit code relative to the row's largest (c =
+    round(127 d / max |d|)), so a nibble q is the int8 weight round((q - 8) c / 8) times the row's
+    scale r = max |d| * 8 / 127: the 4-bit value put on the row's int8 grid, which the kernel
+    multiplies as int8 x int8 with int32 sums (unmask/layers/int4.cpp). The re-expression moves a
+    weight by at most one int8 step r (half for the code, half for the grid), an eighth of a 4-bit
+    step of the row's largest group (`dequantized()` gives the weight multiplied)."""
+
+    def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                 like: nn.Module | None = None) -> None:
+        super().__init__()
+        out, cols = nibbles.shape
+        if cols % GROUP:
+            raise ValueError(f"int4 weights need inputs in groups of {GROUP}; this layer has {cols}")
+        self.in_features, self.out_features = cols, out
+        kp, np_ = -(-cols // 64) * 64, -(-out // 8) * 8
+        q = torch.full((np_, kp), 8, dtype=torch.uint8)
+        q[:out, :cols] = nibbles
+        d = torch.zeros(np_, kp // GROUP, dtype=torch.float64)
+        d[:out, : cols // GROUP] = scales.double()
+        top = d.abs().amax(1)
+        codes = torch.round(127 * d / torch.where(top > 0, top, 1)[:, None]).clamp(-127, 127).to(torch.int64) + 128
+        g = q.view(np_, kp // GROUP, GROUP)
+        w8 = table()[codes[..., None], g.long()]  # (np, groups, 32) int8
+        self.register_buffer("packed", (g[..., :16] | (g[..., 16:] << 4)).reshape(np_, kp // 2).contiguous(),
+                             persistent=False)
+        self.register_buffer("codes", codes.to(torch.uint8), persistent=False)
+        self.register_buffer("r", (top * 8 / 127).float(), persistent=False)
+        self.register_buffer("corr", (128 * w8.sum((1, 2), dtype=torch.int64)).to(torch.int32), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+        self.weight_bytes = self.packed.numel() + self.codes.numel() + 4 * np_
+        if like is not None:
+            self._forward_hooks.update(like._forward_hooks)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, like: nn.Module | None = None):
+        if weight.device.type != "cpu":
+            raise ValueError("int4 linear layers run on CPU only")
+        q, d = quantize_groups(weight.detach())
+        return cls(q, d, bias, like)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int4Linear":
+        return cls.from_weight(linear.weight, linear.bias, linear)
+
+    def int8_weight(self) -> torch.Tensor:
+        """The int8 weight the kernel multiplies (padded shape)."""
+        g = self.packed.view(self.packed.shape[0], -1, 16)
+        q = torch.cat([g & 15, g >> 4], -1).long()
+        return table()[self.codes.long()[..., None], q].reshape(self.packed.shape[0], -1)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float weight this layer multiplies by (out, in)."""
+        w = self.int8_weight().float() * self.r[:, None]
+        return w[: self.out_features, : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float()
+        y = kernel().linear(flat, self.packed, self.codes, self.r, self.corr, self.out_features)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+
+
+def available() -> bool:
+    """Whether the kernel builds here (a compiler present); builds it."""
+    try:
+        kernel()
+    except UnmaskError:
+        return False
+    return True
+
+
+
+def dequantize(nibbles: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(nibbles (out, in) 0..15, scales (out, in/32)) -> the float weight (out, in)."""
+    out, cols = nibbles.shape
+    q = nibbles.float().view(out, cols // GROUP, GROUP) - 8
+    return (q * scales.float()[..., None]).reshape(out, cols)
