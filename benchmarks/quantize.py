@@ -42,7 +42,7 @@ from unmask.models.llada import LLaDAModel  # noqa: E402
 
 SHAPES = {"25M": dict(layers=8, d=512, heads=8, ff=1376, vocab=512),
           "8B-layers": dict(layers=2, d=4096, heads=32, ff=12288, vocab=126464)}
-VARIANTS = ("float32-default", "float32-auto", "int8")
+VARIANTS = ("float32-default", "float32-auto", "int8")  # --variants float32-auto,int8,int4: int4 against int8
 GPU_VARIANTS = ("bfloat16", "int8-torchao", "fp8-torchao")  # --device cuda (benchmarks/gpu_check.sh)
 
 
@@ -67,8 +67,8 @@ def build(shape: dict, variant: str, seed: int = 0, device: str = "cpu") -> LLaD
             quantize_torchao(model, variant.split("-")[0], model.parts()[3])
     elif variant == "float32-auto":
         use_kernels(model, "auto")
-    elif variant == "int8":
-        quantize_model(model, "int8", model.parts()[3])
+    elif variant in ("int8", "int4"):
+        quantize_model(model, variant, model.parts()[3])
         use_kernels(model, "auto")  # the head, float by choice, on the per-shape kernel too
     gc.collect()
     return model
@@ -76,7 +76,7 @@ def build(shape: dict, variant: str, seed: int = 0, device: str = "cpu") -> LLaD
 
 def weight_bytes(model: nn.Module) -> int:
     n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    n += sum(m.weight_bytes for m in model.modules() if isinstance(m, Int8Linear))
+    n += sum(m.weight_bytes for m in model.modules() if isinstance(m, Int8Linear))  # (int4 layers' are buffers)
     return n + sum(m.packed_bytes for m in model.modules() if isinstance(m, OneDNNLinear))
 
 
@@ -117,12 +117,12 @@ def layers_run(a) -> dict:
     """Every variant of a shape built side by side and timed interleaved (repeat by repeat), so a
     drift of the machine's speed hits all three alike."""
     rows = []
-    variants = VARIANTS if a.device == "cpu" else GPU_VARIANTS
+    variants = (tuple(a.variants.split(",")) if a.variants else VARIANTS) if a.device == "cpu" else GPU_VARIANTS
     for name in a.shapes.split(","):
         shape = SHAPES[name] if name != "8B-layers" else dict(SHAPES[name], layers=a.big_layers)
         models = {v: build(shape, v, device=a.device) for v in variants}
         plan = ({f"{k[0]}x{k[1]}": v if v < NEVER else None for k, v in choices(models["float32-default"]).items()}
-                if a.device == "cpu" else None)
+                if "float32-default" in models else None)
         repeats = a.repeats if name == "25M" else max(2, a.repeats // 2)
         for batch in (1, 8):
             for g in (1, 8, 32):
@@ -241,6 +241,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="25M,8B-layers")
     ap.add_argument("--device", default="cpu", help="cpu (float32, dispatch, int8) or cuda (bf16, torchao int8 / fp8)")
     ap.add_argument("--big-layers", type=int, default=2)
+    ap.add_argument("--variants", default=None, help=f"three of {', '.join(VARIANTS)}, int4 (default: the first three)")
     ap.add_argument("--prefix", type=int, default=256, help="cached prefix columns (the prompt and earlier blocks)")
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--full", action="store_true", help="the 32-layer int8 8B-shaped decode instead")

@@ -10,14 +10,16 @@ decoded text of the same-algorithm decode):
 - per forward: one forward over the whole canvas (prompt + gen tokens, logits at every position),
   llama.cpp's from two runs of different step counts (the difference of its reported totals over
   the difference of forwards, so its first step's set-up cancels; a step's sampling, which it
-  reports as ~0.03 ms, included), unmask's the median of the model's forward; F32 / float32, Q8_0 / int8,
-  Q4_0 / int4 (the Q4_0 tensors kept as stored), Q4_K_M / int4 (its Q4_K / Q6_K tensors rounded
+  reports as ~0.03 ms, included), unmask's the median of the model's forward; F32 / float32,
+  Q8_0 / int8, Q4_0 / int4 (the Q4_0 tensors kept as stored), Q4_K_M / int4 (its Q4_K / Q6_K tensors rounded
   again to int4);
-- whole decode (at the first prompt length): llama.cpp's block schedule (one token per step,
-  every step a whole-canvas forward)
-  against unmask with the same algorithm (compat "llada": the tokens compared) and with its
-  defaults (DualCache, threshold; on random weights there is no quality to hold equal, so the
-  defaults' tokens differ and only their time is reported);
+- tokens (at the first prompt length): one block of 32 after the prompt from one forward, every
+  position committed at once by its argmax (`--top-k 1`: llama.cpp's greedy sampler, under which
+  its confidence is 1 everywhere and its order left to right; committing the block at once makes
+  the order irrelevant), against unmask's compat "llada" with one step; the texts compared;
+- whole decode: one token per forward on both (llama.cpp's block schedule with steps = canvas;
+  unmask's compat "llada" with steps = gen), and unmask's defaults (DualCache, threshold: on
+  random weights there is no quality to hold equal, so only their time and forwards are given);
 - start-up: a one-shot generate of 8 tokens, wall time and peak resident memory of the process
   (/usr/bin/time), each tool's own command line.
 
@@ -89,37 +91,44 @@ def convert(src: Path, folder: Path, out: Path) -> None:
         sys.argv = argv
 
 
-def cli(src: Path, model: Path, prompt: str, canvas: int, block: int, steps: int, threads: int) -> dict:
+def cli(src: Path, model: Path, prompt: str, canvas: int, block: int, steps: int, threads: int, gen: int) -> dict:
     """One llama-diffusion-cli run: its total time (ms, as it reports it), how many forwards its
     schedule ran, and the text it printed."""
     cmd = [str(src / "build" / "bin" / "llama-diffusion-cli"), "-m", str(model), "-p", prompt, "-ub", str(canvas),
            "-c", str(canvas), "-b", str(canvas), "--diffusion-block-length", str(block), "--diffusion-steps",
-           str(steps), "-t", str(threads), "-tb", str(threads), "--temp", "0", "--seed", "0"]
+           str(steps), "-t", str(threads), "-tb", str(threads), "--temp", "0", "--top-k", "1", "--seed", "0"]
     for _ in range(5):  # its log is written by a thread that an exiting process sometimes cuts short
         out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=1800)
         if out.returncode:
             raise RuntimeError(f"llama-diffusion-cli failed: {out.stderr[-2000:]}")
         log = out.stdout + out.stderr
         found = re.search(r"total time: ([\d.]+)ms", log)
-        if found is not None and "\n" in log.rsplit("sampling time per step", 1)[1].strip("\n"):
-            break
+        text = ""
+        if found is not None:
+            text = log.rsplit("sampling time per step", 1)[1].split("\n", 2)[-1]
+            text = re.sub(r"^\d+\.\d+\.\d+\.\d+ I ", "", text, flags=re.M).strip("\n")
+            if text:
+                break
     if found is None:
         raise RuntimeError(f"llama-diffusion-cli printed no timing ({' '.join(cmd[3:])}): {log[-1500:]}")
-    total = float(found.group(1))
-    text = log.rsplit("sampling time per step", 1)[1].split("\n", 2)[-1]
-    text = re.sub(r"^\d+\.\d+\.\d+\.\d+ I ", "", text, flags=re.M).strip("\n")
-    blocks = canvas // block  # its schedule: every block of the canvas, prompt's included, steps / blocks each
-    return {"total_ms": total, "text": text, "forwards": blocks * (steps // blocks)}
+    # its schedule: canvas / block blocks from the prompt's end, steps / blocks steps each; a block
+    # past the canvas's end runs one forward and stops (nothing masked), a block of the answer all
+    # of its steps
+    blocks, spb = canvas // block, steps // (canvas // block)
+    real = gen // block
+    return {"total_ms": float(found.group(1)), "text": text, "forwards": real * spb + (blocks - real)}
 
 
-def cli_forward_ms(src: Path, model: Path, prompt: str, canvas: int, block: int, threads: int, extra: int) -> float:
+def cli_forward_ms(src: Path, model: Path, prompt: str, canvas: int, block: int, threads: int, extra: int,
+                   gen: int) -> float:
     """llama.cpp's time per forward: the difference of two runs' totals over the difference of
     their forwards (its first step's graph set-up cancels), the faster of two pairs."""
     blocks = canvas // block
-    few, many = blocks, (1 + max(1, -(-extra // blocks))) * blocks
+    spb = 1 + max(1, -(-extra // (gen // block)))  # steps per block giving `extra` more forwards at least
+    few, many = blocks, spb * blocks
     best = []
     for _ in range(2):
-        a, b = (cli(src, model, prompt, canvas, block, s, threads) for s in (few, many))
+        a, b = (cli(src, model, prompt, canvas, block, s, threads, gen) for s in (few, many))
         best.append((b["total_ms"] - a["total_ms"]) / (b["forwards"] - a["forwards"]))
     return min(best)
 
@@ -163,7 +172,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="vs_llama_cpp_"))
     src = llama_cpp(a.llama_cpp, scratch)
     folder = write_llada(scratch / "llada", d=a.width, layers=a.layers, heads=a.heads, kv_heads=a.heads, ff=a.ff,
-                         bpe=True, shards=1)
+                         bpe=True, shards=1, max_len=4096)
     files = {"F32": scratch / "llada-F32.gguf"}
     convert(src, folder, files["F32"])
     for q in QUANTS:
@@ -173,7 +182,7 @@ def main() -> None:
     ours = {"F32": (files["F32"], None), "Q8_0": (files["F32"], "int8"), "Q4_0": (files["Q4_0"], "int4"),
             "Q4_K_M": (files["Q4_K_M"], "int4")}
     llm = LLM(files["F32"])
-    params = sum(p.numel() for p in llm.model.parameters())
+    params = _parameters(folder)
     res = {"benchmark": "vs_llama_cpp", "context": context(), "llama_cpp": {"source": SDIST, "commit": _commit(src)},
            "model": {"family": "llada", "parameters": params, "width": a.width, "layers": a.layers, "ff": a.ff,
                      "vocab": llm.arch.vocab_size, "weights": "random (seed 0)"},
@@ -189,7 +198,7 @@ def main() -> None:
         gen = a.gen + (-a.gen) % a.block
         canvas = n + gen
         for kind, (path, quant) in ours.items():
-            them = cli_forward_ms(src, files[kind], prompt, canvas, a.block, a.threads, a.steps)
+            them = cli_forward_ms(src, files[kind], prompt, canvas, a.block, a.threads, a.steps, gen)
             mine = LLM(path, quantize=quant)
             us = forward_ms(mine, canvas, a.repeats)
             res["per_forward"].append({"prompt": n, "canvas": canvas, "llama_cpp": kind, "unmask": quant or "float32",
@@ -200,37 +209,41 @@ def main() -> None:
             del mine
         if want != first:
             continue
-        # whole decode, one token per step on both (llama.cpp's block schedule; unmask's compat llada)
-        # llama.cpp's schedule counts the prompt's blocks too (canvas / block blocks from the prompt's
-        # end; those past the canvas run forwards that commit nothing): steps = canvas gives one
-        # token per forward in the generated blocks, gen of its canvas forwards useful
-        theirs = cli(src, files["F32"], prompt, canvas, a.block, canvas, a.threads)
+        # tokens: one block after the prompt decoded by one forward, every position committed at
+        # once by its argmax (the one schedule where llama.cpp's greedy order, left to right, and
+        # LLaDA's low-confidence order commit the same; one block, so a flip cannot carry on)
+        theirs = cli(src, files["F32"], prompt, n + a.block, a.block, (n + a.block) // a.block, a.threads, a.block)
+        o = llm.generate([prompt], llm.default_params(compat="llada", gen_length=a.block, block_length=a.block,
+                                                       steps=1))
+        raw = llm.tokenizer.decode(o.results[0].raw_ids, skip_special_tokens=False)
+        # whole decode, one token per forward on both: llama.cpp's block schedule (steps = canvas),
+        # unmask's compat llada; then unmask's defaults
+        whole = cli(src, files["F32"], prompt, canvas, a.block, canvas, a.threads, gen)
         same = llm.default_params(compat="llada", gen_length=gen, block_length=a.block, steps=gen)
         t = time.perf_counter()
-        o = llm.generate([prompt], same)
+        s1 = llm.generate([prompt], same)
         t_same = time.perf_counter() - t
-        fast = llm.default_params(gen_length=gen)
         t = time.perf_counter()
-        f = llm.generate([prompt], fast)
+        f = llm.generate([prompt], llm.default_params(gen_length=gen))
         t_fast = time.perf_counter() - t
-        raw = llm.tokenizer.decode(o.results[0].raw_ids, skip_special_tokens=False)
-        row = {"prompt": n, "gen": gen, "llama_cpp_ms": theirs["total_ms"], "llama_cpp_forwards": theirs["forwards"],
-               "llama_cpp_useful_forwards_ms": round(theirs["total_ms"] * gen / theirs["forwards"], 1),
-               "unmask_same_algorithm_ms": round(1e3 * t_same, 1), "unmask_same_algorithm_forwards": o.nfe,
-               "unmask_default_ms": round(1e3 * t_fast, 1), "unmask_default_forwards": f.nfe,
-               "same_text_as_llama_cpp": raw.strip() == theirs["text"].strip(),
-               "text_similarity": round(difflib.SequenceMatcher(None, raw.strip(), theirs["text"].strip()).ratio(), 3),
-               "texts": {"llama_cpp": theirs["text"][:300], "unmask_same_algorithm": raw[:300]}}
+        row = {"prompt": n, "gen": gen,
+               "tokens_one_forward": {"same_text": raw.strip() == theirs["text"].strip(),
+                                                "similarity": round(difflib.SequenceMatcher(
+                                                    None, raw.strip(), theirs["text"].strip()).ratio(), 3),
+                                                "llama_cpp": theirs["text"][:200], "unmask": raw[:200]},
+               "llama_cpp_ms": whole["total_ms"], "llama_cpp_forwards": whole["forwards"],
+               "unmask_same_schedule_ms": round(1e3 * t_same, 1), "unmask_same_schedule_forwards": s1.nfe,
+               "unmask_default_ms": round(1e3 * t_fast, 1), "unmask_default_forwards": f.nfe}
         res["decode"].append(row)
         print(json.dumps(row), flush=True)
-    short = _prompt(llm, words, 16, 32)[0]
+    short = _prompt(llm, words, 16, 32)[0]  # a canvas of 64: 32 prompt tokens, 32 generated
     res["startup"] = {
         "llama_cpp": startup([str(src / "build" / "bin" / "llama-diffusion-cli"), "-m", str(files["F32"]), "-p", short,
                               "-ub", "64", "--diffusion-block-length", "32", "--diffusion-steps", "8", "-t",
-                              str(a.threads), "--temp", "0"]),
+                              str(a.threads), "--temp", "0", "--top-k", "1"]),
         "unmask": startup([sys.executable, "-m", "unmask", "generate", "--model", str(files["F32"]), "--gen-length",
                            "8", short]),
-        "weights_mib": round(4 * params / 2**20, 1)}
+        "weights_mib": res["files_mib"]["F32"]}
     print(json.dumps(res["startup"]), flush=True)
     write_json_atomic(Path(a.out), res)
     print(f"wrote {a.out}")
@@ -240,11 +253,30 @@ def _prompt(llm: LLM, words: list[str], want: int, multiple: int = 1) -> tuple[s
     """A prompt whose chat-templated ids number at least `want`, a multiple of `multiple`; (text, ids)."""
     text, n = "", 0
     i = 0
-    while n < want or n % multiple:
+    while n < want:
         text += words[i % len(words)] + " "
         i += 1
         n = len(llm.encode(text.strip())[0])
+    pieces = list("abcdefghijklmnopqrstuvwxyz") + words
+    while n % multiple:  # then pieces that add one token each
+        for p in pieces:
+            if len(llm.encode(f"{text}{p}".strip())[0]) == n + 1:
+                text, n = f"{text}{p} ", n + 1
+                break
+        else:
+            raise RuntimeError(f"no piece adds one token to a prompt of {n}")
     return text.strip(), n
+
+
+def _parameters(folder: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for f in folder.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as sf:
+            total += sum(sf.get_slice(k).get_shape().numel() if hasattr(sf.get_slice(k).get_shape(), "numel")
+                         else int(torch.tensor(sf.get_slice(k).get_shape()).prod()) for k in sf.keys())
+    return total
 
 
 def _commit(src: Path) -> str | None:

@@ -108,3 +108,17 @@ def test_every_instruction_set_computes_the_same(isa):
         y = k.linear(x, *args)
         assert torch.equal(y, native.linear(x, *args))
         torch.testing.assert_close(y.double(), reference(layer, x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_front_ends_take_int4():
+    """`unmask generate --quantize int4` (its own process: the kernel found in the cache or built),
+    and the server's loading path through LLM.check_args."""
+    import subprocess
+    import sys
+
+    from unmask import LLM
+
+    assert LLM.check_args("default", quantize="int4") is not None
+    out = subprocess.run([sys.executable, "-m", "unmask", "generate", "--quantize", "int4", "--model", "default",
+                          "copy : red 4 owl"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "red 4 owl", out.stderr[-500:]
