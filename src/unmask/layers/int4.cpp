@@ -1,4 +1,6 @@
-// 4-bit weights times 8-bit activations on a CPU: unmask's int4 linear kernel (unmask/layers/int4.py).
+// 4-bit weights times 8-bit activations on a CPU: unmask's int4 linear kernel (unmask/layers/int4.py,
+// which builds it with the machine's C++ compiler and calls it through ctypes: a C ABI, no
+// PyTorch headers, so it builds in a second or two).
 //
 // Weights (N rows of K inputs): 4-bit codes in llama.cpp's Q4_0 byte layout (groups of 32 inputs,
 // 16 bytes each, byte j holding element j in its low nibble and element j + 16 in its high one),
@@ -17,13 +19,12 @@
 // D[m, n] = sum_k xq[m, k] * w8[n, k], and y[m, n] = sx[m] * r[n] * D[m, n]: a row's output does not
 // depend on the other rows, the row count or the instruction set.
 //
-// Parallel over blocks of NT output rows (at::parallel_for); each block is unpacked once into a
+// Parallel over blocks of NT output rows (OpenMP, the thread count passed in); each block is unpacked once into a
 // thread's buffer (NT x K int8), then tiles of MT activation rows pass over it, the inputs in
 // chunks of KC. NT = 2, MT = 8, KC = 2048 measured best of those tried on an AMD EPYC (Zen 4, 2
 // threads: benchmarks/int4_kernels.py).
 
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -187,35 +188,27 @@ void span(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* x
 }  // namespace
 
 // x (M, K) float32; packed (Np, Kp/2) uint8 nibbles; codes (Np, Kp/32) uint8; r (Np,) float32;
-// corr (Np,) int32 = 128 * sum of the row's int8 weights; N: the real output rows.
-torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor codes, torch::Tensor r,
-                          torch::Tensor corr, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat, "x must be 2-d float32");
-  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && codes.scalar_type() == torch::kUInt8 &&
-              r.scalar_type() == torch::kFloat && corr.scalar_type() == torch::kInt, "bad weight types");
-  x = x.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), Np = packed.size(0), Kp = packed.size(1) * 2;
-  TORCH_CHECK(Kp % 64 == 0 && Kp >= K && Kp - K < 64 && Np % NT == 0 && N <= Np, "packed weight does not fit x");
-  auto xq = torch::empty({M, Kp}, torch::kUInt8);
-  auto xs = torch::empty({M}, torch::kFloat);
-  const float* xp = x.data_ptr<float>();
-  uint8_t* q = xq.data_ptr<uint8_t>();
-  float* s = xs.data_ptr<float>();
-  at::parallel_for(0, M, 16, [&](int64_t a, int64_t b) {
-    for (int64_t m = a; m < b; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp);
-  });
-  auto y = torch::empty({M, N}, torch::kFloat);
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  const uint8_t* cd = codes.data_ptr<uint8_t>();
-  const float* rp = r.data_ptr<float>();
-  const int32_t* cr = corr.data_ptr<int32_t>();
-  float* yp = y.data_ptr<float>();
+// corr (Np,) int32 = 128 * sum of the row's int8 weights; y (M, N) float32, N the real output rows;
+// threads: how many OpenMP threads (PyTorch's count, passed in). Returns 0, or 1 if the shapes do
+// not fit.
+extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const uint8_t* w, const uint8_t* cd,
+                                  const float* rp, const int32_t* cr, int64_t Np, int64_t Kp, int64_t N, float* yp,
+                                  int threads) {
+  if (Kp % 64 != 0 || Kp < K || Kp - K >= 64 || Np % NT != 0 || N > Np) return 1;
+  std::vector<uint8_t> xq(static_cast<size_t>(M * Kp));
+  std::vector<float> xs(static_cast<size_t>(M));
+  uint8_t* q = xq.data();
+  float* s = xs.data();
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
+  for (int64_t m = 0; m < M; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp);
   const int64_t chunk = std::min<int64_t>(Kp, KC);
-  at::parallel_for(0, Np / NT, 1, [&](int64_t a, int64_t b) {
+#pragma omp parallel num_threads(threads)
+  {
     std::vector<int8_t> buf(NT * Kp + 64);
     int8_t* w8 = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
     std::vector<Acc> st(NT * M);  // tile of rows m0..: st[m0 * NT + i * MT + m]
-    for (int64_t t = a; t < b; ++t) {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < Np / NT; ++t) {
       const int64_t n0 = NT * t;
       unpack(w + n0 * (Kp / 2), cd + n0 * (Kp / G), Kp, w8);
       std::fill(st.begin(), st.end(), acc_zero());
@@ -238,18 +231,14 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor c
         m0 += mt;
       }
     }
-  });
-  return y;
+  }
+  return 0;
 }
 
 // The int8 table the kernel unpacks with (256 codes x 16 nibbles), for the Python side's reference.
-torch::Tensor int4_table() {
-  auto t = torch::empty({256, 16}, torch::kInt8);
-  std::memcpy(t.data_ptr<int8_t>(), LUT.v, sizeof(LUT.v));
-  return t;
-}
+extern "C" void unmask_int4_table(int8_t* out) { std::memcpy(out, LUT.v, sizeof(LUT.v)); }
 
-std::string int4_isa() {
+extern "C" const char* unmask_int4_isa() {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
   return "avx512-vnni";
 #elif defined(__AVX2__)
@@ -257,10 +246,4 @@ std::string int4_isa() {
 #else
   return "scalar";
 #endif
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &int4_linear, "4-bit weight x 8-bit activation linear (no bias)");
-  m.def("table", &int4_table, "the int8 values of each (scale code + 128, nibble)");
-  m.def("isa", &int4_isa, "the instruction set the kernel was built for");
 }

@@ -7,8 +7,8 @@ magnitude / -8, as its reference quantizer writes it), so a Q4_0 tensor from a G
 nibbles. The group scales are held as 7-bit codes relative to the row's largest (Int4Linear), so
 that a nibble unpacks to an int8 weight by one table lookup and the multiply is int8 x int8 with
 integer sums, as int8 kernels multiply: unmask's own kernel (int4.cpp; AVX512-VNNI, AVX2 or plain
-C++, built once per machine with the C++ compiler PyTorch's extensions use and cached under
-$UNMASK_CACHE_DIR or ~/.cache/unmask/kernels). Activations are quantized per row to int8 on the
+C++ with OpenMP, built once per machine with its C++ compiler in a second or two, cached under
+$UNMASK_CACHE_DIR or ~/.cache/unmask/kernels, called through ctypes). Activations are quantized per row to int8 on the
 fly, so a row's output depends on nothing else in the batch. PyTorch's own int4 CPU matmul
 (`_weight_int4pack_mm_for_cpu`) measured 20-55x slower than float32 on this project's machines, and
 its dynamic 4-bit one (`_dyn_quant_matmul_4bit`) has a fast path only on ARM: hence a kernel of our
@@ -18,7 +18,12 @@ What stays in floating point is what stays so for int8 (unmask.layers.quant): em
 head, routers, norms.
 """
 
+import ctypes
+import hashlib
 import os
+import platform
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
@@ -37,29 +42,83 @@ ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=native", "-mno-avx512
              "scalar": ["-mno-avx", "-mno-avx2"]}
 
 
-def kernel(isa: str | None = None):
-    """The compiled kernel module (built on first use, cached per machine and torch version; an
+class Kernel:
+    """The compiled kernel (a shared library with a C ABI, called through ctypes)."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.unmask_int4_linear.argtypes = [p, i64, i64, p, p, p, p, i64, i64, i64, p, i32]
+        lib.unmask_int4_linear.restype = i32
+        lib.unmask_int4_table.argtypes = [p]
+        lib.unmask_int4_isa.restype = ctypes.c_char_p
+        self.lib = lib
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, codes: torch.Tensor, r: torch.Tensor,
+               corr: torch.Tensor, n: int) -> torch.Tensor:
+        """x (M, K) float32 -> (M, n): the kernel's product with the packed weight (no bias)."""
+        x = x.contiguous()
+        m, k = x.shape
+        y = torch.empty(m, n)
+        bad = self.lib.unmask_int4_linear(x.data_ptr(), m, k, packed.data_ptr(), codes.data_ptr(), r.data_ptr(),
+                                          corr.data_ptr(), packed.shape[0], 2 * packed.shape[1], n, y.data_ptr(),
+                                          torch.get_num_threads())
+        if bad:
+            raise ValueError(f"int4 weight ({packed.shape[0]} x {2 * packed.shape[1]} packed) does not fit input "
+                             f"{tuple(x.shape)}")
+        return y
+
+    def table(self) -> torch.Tensor:
+        out = torch.empty(256, 16, dtype=torch.int8)
+        self.lib.unmask_int4_table(out.data_ptr())
+        return out
+
+    def isa(self) -> str:
+        return self.lib.unmask_int4_isa().decode()
+
+
+def kernel(isa: str | None = None) -> Kernel:
+    """The compiled kernel (built on first use with the C++ compiler, cached per machine; an
     UnmaskError naming what is missing if it cannot be built)."""
     isa = isa or os.environ.get("UNMASK_INT4_ISA") or "native"
     if isa not in ISA_FLAGS:
         raise UnmaskError(f"UNMASK_INT4_ISA {isa!r} is not one of {', '.join(ISA_FLAGS)}", param="quantize")
     with _lock:
         if isa not in _kernels:
-            from torch.utils import cpp_extension
-
-            src = Path(__file__).with_name("int4.cpp")
-            cache = Path(os.environ.get("UNMASK_CACHE_DIR", Path.home() / ".cache" / "unmask"))
-            where = cache / "kernels" / f"int4-{isa}-torch{torch.__version__}"
-            try:
-                where.mkdir(parents=True, exist_ok=True)
-                _kernels[isa] = cpp_extension.load(
-                    name=f"unmask_int4_{isa}", sources=[str(src)], build_directory=str(where), verbose=False,
-                    extra_cflags=["-O3", *ISA_FLAGS[isa], "-fopenmp"], extra_ldflags=["-fopenmp"])
-            except (RuntimeError, OSError, ImportError, FileNotFoundError) as e:
-                raise UnmaskError(f"int4 weights need their CPU kernel, which could not be built here "
-                                  f"(a C++ compiler and ninja are needed: {str(e).splitlines()[0][:200]})",
-                                  param="quantize") from None
+            _kernels[isa] = Kernel(_build(isa))
     return _kernels[isa]
+
+
+def _build(isa: str) -> Path:
+    """The shared library for `isa`, compiled once per source, flags and machine (the file name
+    holds a hash of them and of this CPU's model), written under a temporary name then moved."""
+    src = Path(__file__).with_name("int4.cpp")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        raise UnmaskError("int4 weights need their CPU kernel, built here on first use, and no C++ compiler was "
+                          "found (install g++ or set CXX)", param="quantize")
+    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *ISA_FLAGS[isa]]
+    key = hashlib.sha256(src.read_bytes() + " ".join([cxx, *flags, _cpu()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("UNMASK_CACHE_DIR") or Path.home() / ".cache" / "unmask") / "kernels"
+    lib = cache / f"unmask_int4_{isa}_{key}.so"
+    if lib.exists():
+        return lib
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = lib.with_name(f"{lib.name}.{os.getpid()}.tmp")
+    out = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+    if out.returncode:
+        tmp.unlink(missing_ok=True)
+        raise UnmaskError(f"int4 weights need their CPU kernel, which did not build with {cxx}: "
+                          f"{(out.stderr.strip().splitlines() or ['?'])[-1][:300]}", param="quantize")
+    os.replace(tmp, lib)
+    return lib
+
+
+def _cpu() -> str:
+    try:
+        return next(line for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
 
 
 def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

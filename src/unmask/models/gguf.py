@@ -15,6 +15,7 @@ float32 (gguf.quants.dequantize, llama.cpp's reference dequantization). The toke
 from the file (GPT-2-style byte-level BPE: `tokenizer.ggml.model` "gpt2"). Strict: another
 architecture, tokenizer model or storage type is refused by name."""
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -139,10 +140,27 @@ class GGUFFile:
             a = gguf.quants.dequantize(np.asarray(t.data), kind).astype(np.float32, copy=False)
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dimensions fastest first
         out = torch.from_numpy(np.ascontiguousarray(a).reshape(shape))
+        self._release(t)
         if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
             heads = cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
             out = _unpermute(out, heads)
         return out
+
+    def _release(self, t) -> None:
+        """Drop tensor `t`'s pages of the file mapping from this process once it has been copied
+        out: the mapping is read-only and clean, so the pages stay in the page cache and come
+        back if touched; without this a loaded file's every page stays resident beside the
+        weights made from it (a 290 MiB F32 file peaked at 2.2x its size)."""
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        lo = (int(t.data_offset) // page) * page
+        hi = -(-(int(t.data_offset) + int(t.n_bytes)) // page) * page
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
+        except (OSError, ValueError):  # a platform without it: the pages are simply kept
+            pass
 
     def is_q4_0(self, name: str) -> bool:
         return self.tensors[name].tensor_type == _gguf().GGMLQuantizationType.Q4_0
@@ -156,6 +174,7 @@ class GGUFFile:
         t = self.tensors[name]
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         q, d = from_q4_0_blocks(np.asarray(t.data), shape[0], shape[1])
+        self._release(t)
         if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
             heads = cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
             q, d = _unpermute(q, heads), _unpermute(d, heads)
