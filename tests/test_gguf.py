@@ -186,3 +186,13 @@ def test_what_unmask_cannot_run_is_refused_by_name(tmp_path):
     assert not is_gguf(not_gguf)
     with pytest.raises(CheckpointError, match="is a file"):
         LLM(not_gguf)
+
+
+def test_a_tensor_read_again_after_its_pages_are_released_is_the_same():
+    """Reading drops a tensor's mapped pages once copied out (they stay in the page cache); a
+    second read of it, or of its neighbours, gives the same values."""
+    f = GGUFFile(DATA / "llada-q8_0.gguf")
+    names = list(f.tensors)[:3]
+    first = [f.read(n, n, f.config()) for n in names]
+    again = [f.read(n, n, f.config()) for n in names]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
