@@ -93,6 +93,25 @@ def test_a_layer_it_cannot_hold_is_refused_by_name():
         int4.kernel("sse9")
 
 
+def test_a_kernel_that_cannot_be_built_is_refused_by_name(tmp_path, monkeypatch):
+    """No compiler, or a cache folder that cannot be written: an UnmaskError naming it, nothing
+    half-written left."""
+    monkeypatch.setattr(int4, "_kernels", {})
+    monkeypatch.setenv("UNMASK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(UnmaskError, match="compiler .*no-such-compiler could not be run"):
+        int4.kernel()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("UNMASK_CACHE_DIR", str(tmp_path / "file"))  # a file where a folder must go
+    with pytest.raises(UnmaskError, match="could not be built in .*file.*UNMASK_CACHE_DIR"):
+        int4.kernel()
+    monkeypatch.setenv("UNMASK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with pytest.raises(UnmaskError, match="did not build with false"):
+        int4.kernel()
+    assert not list((tmp_path / "cache" / "kernels").glob("*"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_every_instruction_set_computes_the_same(isa):

@@ -103,9 +103,17 @@ def _build(isa: str) -> Path:
     lib = cache / f"unmask_int4_{isa}_{key}.so"
     if lib.exists():
         return lib
-    cache.mkdir(parents=True, exist_ok=True)
     tmp = lib.with_name(f"{lib.name}.{os.getpid()}.tmp")
-    out = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UnmaskError(f"int4 weights need their CPU kernel, which could not be built in {cache} ({e}); set "
+                          "UNMASK_CACHE_DIR to a writable folder", param="quantize") from None
+    try:
+        out = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)], capture_output=True, text=True)
+    except OSError as e:
+        raise UnmaskError(f"int4 weights need their CPU kernel, and the C++ compiler {cxx} could not be run ({e}); "
+                          "install g++ or set CXX", param="quantize") from None
     if out.returncode:
         tmp.unlink(missing_ok=True)
         raise UnmaskError(f"int4 weights need their CPU kernel, which did not build with {cxx}: "
