@@ -10,7 +10,6 @@ activations).
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -23,6 +22,8 @@ from unmask.files import write_json_atomic  # noqa: E402
 from unmask.layers.dispatch import OneDNNLinear  # noqa: E402
 from unmask.layers.int4 import Int4Linear, kernel  # noqa: E402
 from unmask.layers.quant import Int8Linear  # noqa: E402
+
+from int8_kernels import layer_ms  # noqa: E402  (benchmarks/, beside this script)
 
 SHAPES = {"attention 4096x4096": (4096, 4096), "mlp up 4096->12288": (4096, 12288),
           "mlp down 12288->4096": (12288, 4096)}
@@ -42,17 +43,7 @@ def main() -> None:
         lin.weight.mul_(0.02 / lin.weight.std())
         layers = {"float32 default": lin, "float32 oneDNN": OneDNNLinear(lin.weight),
                   "int8 (FBGEMM)": Int8Linear.from_linear(lin), "int4 (unmask)": Int4Linear.from_linear(lin)}
-        ms: dict = {k: {} for k in layers}
-        with torch.no_grad():
-            for rows in ROWS:
-                x = torch.randn(rows, cols)
-                for layer in layers.values():
-                    layer(x)
-                for _ in range(a.repeats):
-                    for k, layer in layers.items():
-                        t = time.perf_counter()
-                        layer(x)
-                        ms[k][rows] = min(ms[k].get(rows, float("inf")), 1e3 * (time.perf_counter() - t))
+        ms = layer_ms(layers, cols, ROWS, a.repeats)
         print(name)
         for k, v in ms.items():
             print(f"  {k:18}" + "".join(f"{rows:>5}: {t:7.2f}" for rows, t in v.items()))

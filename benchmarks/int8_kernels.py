@@ -22,6 +22,24 @@ from unmask.layers.dispatch import OneDNNLinear  # noqa: E402
 from unmask.layers.quant import Int8Linear  # noqa: E402
 
 
+@torch.no_grad()
+def layer_ms(layers: dict, cols: int, rows: tuple, repeats: int) -> dict:
+    """name -> {rows: best ms of one call on random (rows, cols) input}: every layer once as a
+    warm-up, then `repeats` rounds in which each layer is called once in turn (interleaved, so a
+    drift of the machine's speed hits all alike)."""
+    ms: dict = {k: {} for k in layers}
+    for r in rows:
+        x = torch.randn(r, cols)
+        for layer in layers.values():
+            layer(x)
+        for _ in range(repeats):
+            for k, layer in layers.items():
+                t = time.perf_counter()
+                layer(x)
+                ms[k][r] = min(ms[k].get(r, float("inf")), 1e3 * (time.perf_counter() - t))
+    return ms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -39,17 +57,7 @@ def main() -> None:
         m[0].weight.data.copy_(lin.weight)
         quantize_(m, config)
         layers[name] = m.requires_grad_(False)
-    ms: dict = {k: {} for k in layers}
-    with torch.no_grad():
-        for rows in (1, 8, 32, 256):
-            x = torch.randn(rows, 4096)
-            for layer in layers.values():
-                layer(x)
-            for _ in range(a.repeats):
-                for k, layer in layers.items():
-                    t = time.perf_counter()
-                    layer(x)
-                    ms[k][rows] = min(ms[k].get(rows, float("inf")), 1e3 * (time.perf_counter() - t))
+    ms = layer_ms(layers, 4096, (1, 8, 32, 256), a.repeats)
     for k, v in ms.items():
         print(f"{k:34}" + "".join(f"{rows:>5} rows {t:8.2f} ms" for rows, t in v.items()))
     write_json_atomic(Path(a.out), {"benchmark": "int8_kernels", "context": context(), "weight": [12288, 4096],

@@ -31,6 +31,7 @@ decoded text of the same-algorithm decode):
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 import runpy
@@ -183,7 +184,7 @@ def main() -> None:
             "Q4_K_M": (files["Q4_K_M"], "int4")}
     llm = LLM(files["F32"])
     params = _parameters(folder)
-    res = {"benchmark": "vs_llama_cpp", "context": context(), "llama_cpp": {"source": SDIST, "commit": _commit(src)},
+    res = {"benchmark": "vs_llama_cpp", "context": context(), "llama_cpp": {"source": SDIST},
            "model": {"family": "llada", "parameters": params, "width": a.width, "layers": a.layers, "ff": a.ff,
                      "vocab": llm.arch.vocab_size, "weights": "random (seed 0)"},
            "threads": a.threads, "gen": a.gen, "block": a.block, "files_mib": {k: round(v.stat().st_size / 2**20, 1)
@@ -274,15 +275,8 @@ def _parameters(folder: Path) -> int:
     total = 0
     for f in folder.glob("*.safetensors"):
         with safe_open(str(f), "pt") as sf:
-            total += sum(sf.get_slice(k).get_shape().numel() if hasattr(sf.get_slice(k).get_shape(), "numel")
-                         else int(torch.tensor(sf.get_slice(k).get_shape()).prod()) for k in sf.keys())
+            total += sum(math.prod(sf.get_slice(k).get_shape()) for k in sf.keys())
     return total
-
-
-def _commit(src: Path) -> str | None:
-    out = subprocess.run(["grep", "-m1", "-o", "ggml commit:.*", str(src / "build" / "CMakeCache.txt")],
-                         capture_output=True, text=True)
-    return out.stdout.strip() or None
 
 
 if __name__ == "__main__":

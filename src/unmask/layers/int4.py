@@ -81,6 +81,9 @@ def kernel(isa: str | None = None) -> Kernel:
     """The compiled kernel (built on first use with the C++ compiler, cached per machine; an
     UnmaskError naming what is missing if it cannot be built)."""
     isa = isa or os.environ.get("UNMASK_INT4_ISA") or "native"
+    built = _kernels.get(isa)  # every layer's every forward asks: no lock once built
+    if built is not None:
+        return built
     if isa not in ISA_FLAGS:
         raise UnmaskError(f"UNMASK_INT4_ISA {isa!r} is not one of {', '.join(ISA_FLAGS)}", param="quantize")
     with _lock:
@@ -132,7 +135,7 @@ def _cpu() -> str:
 def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight (out, in) -> (nibbles (out, in) uint8 0..15 meaning q - 8, scales (out, in/32)
     float32), Q4_0's rounding: per group d = max / -8 of the element of largest magnitude,
-    q = clamp(round(x / d) + 8, 0, 15). `in` must be a multiple of 32."""
+    q = min(15, trunc(x / d + 8.5)). `in` must be a multiple of 32."""
     out, cols = w.shape
     if cols % GROUP:
         raise ValueError(f"int4 weights need inputs in groups of {GROUP}; this layer has {cols}")
@@ -168,8 +171,8 @@ class Int4Linear(nn.Module):
     round(127 d / max |d|)), so a nibble q is the int8 weight round((q - 8) c / 8) times the row's
     scale r = max |d| * 8 / 127: the 4-bit value put on the row's int8 grid, which the kernel
     multiplies as int8 x int8 with int32 sums (unmask/layers/int4.cpp). The re-expression moves a
-    weight by at most one int8 step r (half for the code, half for the grid), an eighth of a 4-bit
-    step of the row's largest group (`dequantized()` gives the weight multiplied)."""
+    weight by at most one int8 step r (half for the code, half for the grid), 8/127 of a 4-bit step
+    of the row's largest group (`dequantized()` gives the weight multiplied)."""
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                  like: nn.Module | None = None) -> None:

@@ -200,12 +200,12 @@ def quantize_model(model: nn.Module, method: str, head: nn.Module | None = None)
 mixture-of-experts layers, and layers whose inputs are not in groups of 32, in int8). Returns how many were replaced.
     (Loading a checkpoint quantizes each weight as it is read instead: unmask.models.loader.)"""
     check_method(method)
+    from unmask.layers.int4 import GROUP, Int4Linear
+
     names = targets(model, head)
     for name in names:
         m = model.get_submodule(name)
-        if method == "int4" and m.in_features % 32 == 0:
-            from unmask.layers.int4 import Int4Linear
-
+        if method == "int4" and m.in_features % GROUP == 0:
             replace(model, name, Int4Linear.from_linear(m))
         else:  # int8, or int4's fallback for a layer whose inputs are not in groups of 32
             replace(model, name, Int8Linear.from_linear(m))

@@ -141,10 +141,15 @@ class GGUFFile:
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dimensions fastest first
         out = torch.from_numpy(np.ascontiguousarray(a).reshape(shape))
         self._release(t)
+        heads = self._permuted_heads(name, cfg)
+        return out if heads is None else _unpermute(out, heads)
+
+    def _permuted_heads(self, name: str, cfg: dict) -> int | None:
+        """The head count of a tensor llama.cpp's converter permuted for its rotary layout (LLaDA's
+        q and k), else None."""
         if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
-            heads = cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
-            out = _unpermute(out, heads)
-        return out
+            return cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
+        return None
 
     def _release(self, t) -> None:
         """Drop tensor `t`'s pages of the file mapping from this process once it has been copied
@@ -175,10 +180,8 @@ class GGUFFile:
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
         q, d = from_q4_0_blocks(np.asarray(t.data), shape[0], shape[1])
         self._release(t)
-        if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
-            heads = cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
-            q, d = _unpermute(q, heads), _unpermute(d, heads)
-        return q, d
+        heads = self._permuted_heads(name, cfg)
+        return (q, d) if heads is None else (_unpermute(q, heads), _unpermute(d, heads))
 
     def tokenizer(self):
         """(tokenizers.Tokenizer, tokenizer_config fields, chat template) rebuilt from the file."""
