@@ -12,17 +12,26 @@
 // int32 sums over the whole row, as an int8 kernel's; no float work per group.
 // K is padded to a multiple of 64 (padding groups: code 0, stored 128) and N to a multiple of 8 (zero rows).
 //
-// Activations are quantized per row to int8 (scale = max |x| / 127), in the order the nibbles
-// unpack to (per 64 inputs: 0-15, 32-47, 16-31, 48-63). AVX512-VNNI multiplies unsigned by signed
-// bytes, so the activations go in shifted by 128 and 128 * sum(w8) of the row (`corr`) comes off;
-// AVX2 multiplies |x| by w8 carrying x's sign. Every path forms the same exact integer
-// D[m, n] = sum_k xq[m, k] * w8[n, k], and y[m, n] = sx[m] * r[n] * D[m, n]: a row's output does not
-// depend on the other rows, the row count or the instruction set.
+// Activations are quantized per row to int8 (scale = max |x| / 127). AVX512-VNNI multiplies
+// unsigned by signed bytes, so there the activations go in shifted by 128 and 128 * sum(w8) of the
+// row (`corr`) comes off; AVX2 multiplies |x| by w8 carrying x's sign. Every path forms the same
+// exact integer D[m, n] = sum_k xq[m, k] * w8[n, k], and y[m, n] = sx[m] * r[n] * D[m, n]: a row's
+// output does not depend on the other rows, the row count or the instruction set.
 //
-// Parallel over blocks of NT output rows (OpenMP, the thread count passed in); each block is unpacked once into a
-// thread's buffer (NT x K int8), then tiles of MT activation rows pass over it, the inputs in
-// chunks of KC. NT = 2, MT = 8, KC = 2048 measured best of those tried on an AMD EPYC (Zen 4, 2
-// threads: benchmarks/int4_kernels.py).
+// AVX512-VNNI (Zen 4; Xeons since Ice Lake): a register holds 4 weight rows x 16 inputs, one
+// 128-bit lane per row and its 16 inputs inside one group, so one vpshufb with the 4 rows' tables
+// unpacks 64 weights. Parallel over blocks of NB weight rows (OpenMP, the thread count passed in):
+// a block is unpacked over all inputs into a thread's buffer, then register tiles of MR
+// activation rows x NC lane groups pass over it (each activation's 16 inputs broadcast to the 4
+// lanes), while the next block's nibbles are prefetched, so its unpacking does not wait on memory.
+// MR = 4, NC = 4, NB = 16 measured best of those tried on an AMD EPYC (Zen 4, 2 threads:
+// benchmarks/int4_kernels.py): faster than PyTorch's int8 (FBGEMM) at 1 to 64 rows on LLaDA-8B's
+// shapes, where a register holding one row x 64 inputs (the AVX2 path's layout, formerly this
+// one's too) was 1.2-1.5x slower from 8 rows.
+//
+// AVX2 / plain C++: blocks of NT weight rows unpacked once into a thread's buffer, in the order
+// the nibbles come out of a 32-byte load (per 64 inputs: 0-15, 32-47, 16-31, 48-63; activations
+// in that order too), then tiles of MT activation rows pass over it, the inputs in chunks of KC.
 
 #include <algorithm>
 #include <cmath>
@@ -32,10 +41,16 @@
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define VNNI 1
+#else
+#define VNNI 0
+#endif
 
 namespace {
 
 constexpr int64_t G = 32;  // inputs per group
+#if !VNNI  // the AVX2 / plain C++ kernel's blocking
 #ifndef INT4_NT
 #define INT4_NT 2
 #endif
@@ -48,6 +63,7 @@ constexpr int MTX = INT4_MT;  // activation rows per register tile
 #define INT4_KC 2048
 #endif
 constexpr int64_t KC = INT4_KC;  // inputs per chunk (a multiple of 64)
+#endif
 
 struct Table {
   alignas(64) int8_t v[256][16];
@@ -59,14 +75,14 @@ struct Table {
 };
 const Table LUT;
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if VNNI
 constexpr bool SHIFTED = true;  // activations stored + 128 (unsigned)
 #else
 constexpr bool SHIFTED = false;
 #endif
 
 // One row of activations -> 64-aligned bytes in nibble order; returns the row's scale (0 for a row of zeros).
-float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out) {
+float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out, bool natural) {
   float amax = 0.f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
   const float s = amax > 0.f ? amax / 127.f : 1.f;
@@ -75,13 +91,14 @@ float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out) {
   for (int64_t b = 0; b < Kp; b += 64)
     for (int r = 0; r < 4; ++r)
       for (int j = 0; j < 16; ++j) {
-        const int64_t k = b + where[r] + j;
+        const int64_t k = b + (natural ? 16 * r : where[r]) + j;
         const int v = k < K ? static_cast<int>(std::max(-127.f, std::min(127.f, std::nearbyint(x[k] * inv)))) : 0;
         out[b + 16 * r + j] = static_cast<uint8_t>(SHIFTED ? v + 128 : static_cast<int8_t>(v));
       }
   return amax > 0.f ? s : 0.f;
 }
 
+#if !VNNI
 // Unpack NT weight rows (n0..n0+NT-1) into int8 w8 in nibble order: buf[i * Kp + k].
 void unpack(const uint8_t* w, const uint8_t* codes, int64_t Kp, int8_t* buf) {
   const int64_t half = Kp / 2, groups = Kp / G;
@@ -112,11 +129,7 @@ void unpack(const uint8_t* w, const uint8_t* codes, int64_t Kp, int8_t* buf) {
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-using Acc = __m512i;  // one (weight row, activation row)'s running integer sums
-inline Acc acc_zero() { return _mm512_setzero_si512(); }
-inline int32_t acc_sum(Acc a) { return _mm512_reduce_add_epi32(a); }
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
 using Acc = __m256i;
 inline Acc acc_zero() { return _mm256_setzero_si256(); }
 inline int32_t acc_sum(Acc a) {
@@ -134,21 +147,7 @@ inline int32_t acc_sum(Acc a) { return a; }
 // D over inputs [k0, k1) for NT unpacked weight rows x MT activation rows, added to st[i * MT + m].
 template <int MT>
 void tile(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* const* xr, Acc* st) {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  __m512i a[NT][MT];
-  for (int i = 0; i < NT; ++i)
-    for (int m = 0; m < MT; ++m) a[i][m] = st[i * MT + m];
-  for (int64_t k = k0; k < k1; k += 64) {
-    __m512i x[MT];
-    for (int m = 0; m < MT; ++m) x[m] = _mm512_loadu_si512(xr[m] + k);
-    for (int i = 0; i < NT; ++i) {
-      const __m512i w = _mm512_loadu_si512(w8 + i * Kp + k);
-      for (int m = 0; m < MT; ++m) a[i][m] = _mm512_dpbusd_epi32(a[i][m], x[m], w);
-    }
-  }
-  for (int i = 0; i < NT; ++i)
-    for (int m = 0; m < MT; ++m) st[i * MT + m] = a[i][m];
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
   __m256i a[NT][MT];
   for (int i = 0; i < NT; ++i)
     for (int m = 0; m < MT; ++m) a[i][m] = st[i * MT + m];
@@ -184,7 +183,118 @@ void span(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* x
   for (int m = 0; m < MT; ++m) xr[m] = xq + (m0 + m) * Kp;
   tile<MT>(w8, Kp, k0, k1, xr, st + m0 * NT);
 }
+#endif
 
+#if VNNI
+// AVX512-VNNI: a register holds 4 weight rows x 16 inputs, one 128-bit lane per row, the lane's 16
+// inputs inside one group so one vpshufb with per-lane tables unpacks them. Weight rows are
+// unpacked NB at a time (NB / 4 lane groups) over the whole input into a thread's buffer laid out
+// [16 inputs][lane group][64 bytes]; then tiles of MR activation rows x NC lane groups pass over
+// it, the activation's 16 inputs broadcast to every lane, and each lane's 4 partial sums are added
+// at the end. Activations in natural order here.
+#ifndef INT4_MR
+#define INT4_MR 4
+#endif
+#ifndef INT4_NC
+#define INT4_NC 4
+#endif
+constexpr int MR = INT4_MR;  // activation rows per register tile
+constexpr int NC = INT4_NC;  // lane groups (4 weight rows each) per register tile
+#ifndef INT4_NBM
+#define INT4_NBM 1
+#endif
+constexpr int NB = 4 * NC * INT4_NBM;  // weight rows unpacked together
+
+// a += x (unsigned bytes) . w (signed bytes), per dword. In assembly: around the intrinsic, GCC 12
+// moves the tile's accumulators between registers each step (measured 1.25x slower at 32-64 rows).
+#define UNROLL _Pragma("GCC unroll 16")
+inline void dpbusd(__m512i& a, __m512i x, __m512i w) { asm("vpdpbusd %2, %1, %0" : "+v"(a) : "v"(x), "v"(w)); }
+
+// Weight rows n0 .. n0 + 4 * ngroups - 1 (lane groups of 4) into buf[(k16 * ngroups + c) * 64 + lane * 16 + j].
+void unpack_lanes(const uint8_t* w, const uint8_t* codes, int64_t Kp, int64_t ngroups, int8_t* buf) {
+  const int64_t half = Kp / 2, groups = Kp / G;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  for (int64_t c = 0; c < ngroups; ++c) {
+    const uint8_t* wr = w + 4 * c * half;
+    const uint8_t* cr = codes + 4 * c * groups;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 16 * g)));
+      __m512i t = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[g]])));
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + half + 16 * g)), 1);
+      t = _mm512_inserti32x4(t, _mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[groups + g]])), 1);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 2 * half + 16 * g)), 2);
+      t = _mm512_inserti32x4(t, _mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[2 * groups + g]])), 2);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 3 * half + 16 * g)), 3);
+      t = _mm512_inserti32x4(t, _mm_load_si128(reinterpret_cast<const __m128i*>(LUT.v[cr[3 * groups + g]])), 3);
+      _mm512_store_si512(buf + ((2 * g) * ngroups + c) * 64, _mm512_shuffle_epi8(t, _mm512_and_si512(v, lo4)));
+      _mm512_store_si512(buf + ((2 * g + 1) * ngroups + c) * 64,
+                         _mm512_shuffle_epi8(t, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4)));
+    }
+  }
+}
+
+// Rows m0 .. m0 + R - 1 of the activations against lane groups c0 .. c0 + C - 1 of the block, over
+// all inputs: the raw sums (each lane's 4 dwords added) into d[m * 4 * C + 4 * c + lane].
+// Cache lines of the next block's weights to fetch while this block multiplies (its unpacking then
+// finds them in cache instead of waiting on memory): `n` lines from `p`, `per` each 16 inputs.
+struct Ahead {
+  const char* p;
+  int64_t n, per;
+};
+
+template <int R, int C>
+void lanes_tile(const int8_t* buf, int64_t ngroups, int64_t c0, const uint8_t* xq, int64_t Kp, int32_t* d,
+                Ahead ahead) {
+  __m512i a[R][C];
+  UNROLL for (int m = 0; m < R; ++m)
+    UNROLL for (int c = 0; c < C; ++c) a[m][c] = _mm512_setzero_si512();
+  const int8_t* wp = buf + c0 * 64;
+  int64_t line = 0;
+  for (int64_t k = 0; k < Kp; k += 16, wp += ngroups * 64) {
+    for (int64_t j = 0; j < ahead.per && line < ahead.n; ++j, ++line) _mm_prefetch(ahead.p + 64 * line, _MM_HINT_T1);
+    __m512i w[C];
+    UNROLL for (int c = 0; c < C; ++c) w[c] = _mm512_load_si512(wp + 64 * c);
+    UNROLL for (int m = 0; m < R; ++m) {
+      const __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + m * Kp + k)));
+      UNROLL for (int c = 0; c < C; ++c) dpbusd(a[m][c], x, w[c]);
+    }
+  }
+  UNROLL for (int m = 0; m < R; ++m)
+    UNROLL for (int c = 0; c < C; ++c) {
+      __m512i s = _mm512_add_epi32(a[m][c], _mm512_shuffle_epi32(a[m][c], _MM_PERM_BADC));
+      s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));  // every dword: its lane's sum
+      alignas(64) int32_t t[16];
+      _mm512_store_si512(t, s);
+      for (int l = 0; l < 4; ++l) d[m * 4 * C + 4 * c + l] = t[4 * l];
+    }
+}
+
+template <int C>
+void lanes_rows(const int8_t* buf, int64_t ngroups, int64_t c0, const uint8_t* xq, int64_t Kp, int64_t rows,
+                int32_t* d, Ahead ahead) {
+  switch (rows) {
+    case 1: return lanes_tile<1, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 2: return lanes_tile<2, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 3: return lanes_tile<3, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 4: return lanes_tile<4, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 5: return lanes_tile<5, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 6: return lanes_tile<6, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    case 7: return lanes_tile<7, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+    default: return lanes_tile<MR, C>(buf, ngroups, c0, xq, Kp, d, ahead);
+  }
+}
+
+void lanes(const int8_t* buf, int64_t ngroups, int64_t c0, int64_t nc, const uint8_t* xq, int64_t Kp, int64_t rows,
+           int32_t* d, Ahead ahead) {
+  static_assert(NC >= 1 && NC <= 4, "lane groups per tile: 1 to 4");
+  switch (nc) {
+    case 1: return lanes_rows<1>(buf, ngroups, c0, xq, Kp, rows, d, ahead);
+    case 2: return lanes_rows<NC >= 2 ? 2 : 1>(buf, ngroups, c0, xq, Kp, rows, d, ahead);
+    case 3: return lanes_rows<NC >= 3 ? 3 : 1>(buf, ngroups, c0, xq, Kp, rows, d, ahead);
+    default: return lanes_rows<NC>(buf, ngroups, c0, xq, Kp, rows, d, ahead);
+  }
+}
+#endif
 }  // namespace
 
 // x (M, K) float32; packed (Np, Kp/2) uint8 nibbles; codes (Np, Kp/32) uint8; r (Np,) float32;
@@ -194,13 +304,47 @@ void span(const int8_t* w8, int64_t Kp, int64_t k0, int64_t k1, const uint8_t* x
 extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const uint8_t* w, const uint8_t* cd,
                                   const float* rp, const int32_t* cr, int64_t Np, int64_t Kp, int64_t N, float* yp,
                                   int threads) {
-  if (Kp % 64 != 0 || Kp < K || Kp - K >= 64 || Np % NT != 0 || N > Np) return 1;
+  if (Kp % 64 != 0 || Kp < K || Kp - K >= 64 || Np % 8 != 0 || N > Np) return 1;
   std::vector<uint8_t> xq(static_cast<size_t>(M * Kp));
   std::vector<float> xs(static_cast<size_t>(M));
   uint8_t* q = xq.data();
   float* s = xs.data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
-  for (int64_t m = 0; m < M; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp);
+  for (int64_t m = 0; m < M; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp, SHIFTED);
+#if VNNI
+  const int64_t lane_groups = Np / 4, per_block = NB / 4, blocks = (lane_groups + per_block - 1) / per_block;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<int8_t> raw(static_cast<size_t>(NB * Kp + 64));
+    int8_t* buf = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(raw.data()) + 63) & ~uintptr_t(63));
+    int32_t d[MR * 4 * NC];
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g0 = b * per_block, ng = std::min(per_block, lane_groups - g0);
+      unpack_lanes(w + 4 * g0 * (Kp / 2), cd + 4 * g0 * (Kp / G), Kp, ng, buf);
+      // the next block's nibbles (its rows are contiguous), spread over this block's tiles
+      const int64_t next = std::min(per_block, std::max<int64_t>(0, lane_groups - g0 - per_block));
+      const int64_t lines = next * 4 * (Kp / 2) / 64, tiles = (M + MR - 1) / MR * ((ng + NC - 1) / NC);
+      const int64_t per_tile = (lines + tiles - 1) / tiles;
+      const char* nxt = reinterpret_cast<const char*>(w + 4 * (g0 + per_block) * (Kp / 2));
+      int64_t tile = 0;
+      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const int64_t rows = std::min<int64_t>(MR, M - m0);
+        for (int64_t c0 = 0; c0 < ng; c0 += NC, ++tile) {
+          const int64_t nc = std::min<int64_t>(NC, ng - c0);
+          const int64_t first = std::min(lines, tile * per_tile), count = std::min(lines, first + per_tile) - first;
+          lanes(buf, ng, c0, nc, q + m0 * Kp, Kp, rows, d,
+                Ahead{nxt + 64 * first, count, (count + Kp / 16 - 1) / (Kp / 16)});
+          for (int64_t m = 0; m < rows; ++m)
+            for (int64_t j = 0; j < 4 * nc; ++j) {
+              const int64_t n = 4 * (g0 + c0) + j;
+              if (n < N) yp[(m0 + m) * N + n] = s[m0 + m] * rp[n] * static_cast<float>(d[m * 4 * nc + j] - cr[n]);
+            }
+        }
+      }
+    }
+  }
+#else
   const int64_t chunk = std::min<int64_t>(Kp, KC);
 #pragma omp parallel num_threads(threads)
   {
@@ -232,6 +376,7 @@ extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const u
       }
     }
   }
+#endif
   return 0;
 }
 
@@ -239,7 +384,7 @@ extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const u
 extern "C" void unmask_int4_table(int8_t* out) { std::memcpy(out, LUT.v, sizeof(LUT.v)); }
 
 extern "C" const char* unmask_int4_isa() {
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if VNNI
   return "avx512-vnni";
 #elif defined(__AVX2__)
   return "avx2";
