@@ -11,13 +11,17 @@ Shapes (random weights; LLaDA architecture):
   - "25M": the step-time benchmark's (8 layers, d 512, 8 heads, ff 1376, vocab 512);
   - "8B-layers": LLaDA-8B's hidden sizes (d 4096, 32 heads, ff 12288) and real vocabulary
     (126464, embedding and head), `--big-layers` of its 32 layers; the 32-layer step is projected
-    as head + 32 x the measured per-layer time (labelled a projection in the JSON).
+    as head + 32 x the forward without the head (logits at no position) over the layers measured
+    (labelled a projection in the JSON).
 `--full` instead builds all 32 layers of the 8B shape directly in int8 (random int8 weights, never
-a float copy: ~11 GB) and decodes a 256-token canvas through the engine (DualCache, blocks of 32,
+a float copy: ~11 GB; `--full-method int4`: int4 layers, int8 embedding and head, ~4.4 GB) and
+decodes a 256-token canvas through the engine (DualCache, blocks of 32,
 a fixed schedule), reporting seconds per step and peak RSS.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/quantize.py            # -> benchmarks/results/quantize_cpu.json
     OMP_WAIT_POLICY=PASSIVE python benchmarks/quantize.py --full     # -> benchmarks/results/quantize_8b_full_cpu.json
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/quantize.py --full --full-method int4
+                                                            # -> benchmarks/results/quantize_8b_full_int4_cpu.json
 """
 
 import argparse
@@ -81,8 +85,9 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 @torch.inference_mode()
-def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float, float]:
-    """(ms per forward of g positions per row over a cached prefix, of which the head)"""
+def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float, float, float]:
+    """(ms per forward of g positions per row over a cached prefix, of its head alone, of the
+    forward without the head: logits at no position)"""
     c = model.config
     device = next(model.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -93,9 +98,10 @@ def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float
     x, p = ids[:, prefix:], pos[:, prefix:]
     head = model.parts()[3]
     hidden = torch.randn(batch, g, c.hidden_size, device=device, dtype=next(model.parameters()).dtype)
-    best = best_head = float("inf")
+    best = best_head = best_body = float("inf")
     model(x, p, kv, prefix)
     head(hidden)
+    model(x, p, kv, prefix, logits_slice=slice(0, 0))
     for _ in range(repeats):
         sync()
         t = time.perf_counter()
@@ -106,7 +112,11 @@ def step_ms(model, batch: int, g: int, prefix: int, repeats: int) -> tuple[float
         head(hidden)
         sync()
         best_head = min(best_head, time.perf_counter() - t)
-    return best * 1e3, best_head * 1e3
+        t = time.perf_counter()
+        model(x, p, kv, prefix, logits_slice=slice(0, 0))
+        sync()
+        best_body = min(best_body, time.perf_counter() - t)
+    return best * 1e3, best_head * 1e3, best_body * 1e3
 
 
 def peak_rss() -> int:
@@ -126,17 +136,17 @@ def layers_run(a) -> dict:
         repeats = a.repeats if name == "25M" else max(2, a.repeats // 2)
         for batch in (1, 8):
             for g in (1, 8, 32):
-                best = {v: (float("inf"), float("inf")) for v in variants}
+                best = {v: (float("inf"),) * 3 for v in variants}
                 for _ in range(repeats):
                     for v, model in models.items():
-                        ms, head = step_ms(model, batch, g, a.prefix, 1)
-                        best[v] = (min(best[v][0], ms), min(best[v][1], head))
-                for v, (ms, head) in best.items():
+                        best[v] = tuple(map(min, best[v], step_ms(model, batch, g, a.prefix, 1)))
+                for v, (ms, head, body) in best.items():
                     row = {"shape": name, "variant": v, "batch": batch, "positions": g, "ms_per_forward": round(ms, 3),
                            "ms_head": round(head, 3), "positions_per_s": round(batch * g / ms * 1e3, 1),
                            "weight_bytes": weight_bytes(models[v])}
                     if name == "8B-layers" and shape["layers"] < 32:
-                        row["projected_32_layer_ms"] = round(head + 32 * (ms - head) / shape["layers"], 1)
+                        row["ms_without_head"] = round(body, 3)  # embedding, the layers, the final norm
+                        row["projected_32_layer_ms"] = round(head + 32 * body / shape["layers"], 1)
                     rows.append(row)
                     print(f"{name:9} {v:16} b{batch} G{g:<3} {ms:9.2f} ms/forward  head {head:8.2f} ms"
                           + (f"  -> 32 layers {row['projected_32_layer_ms']:8.1f} ms (projection)" if "projected_32_layer_ms"
@@ -172,20 +182,51 @@ def summarize(rows: list[dict], shapes, variants=VARIANTS) -> dict:
 
 
 @torch.no_grad()
-def build_int8_8b(layers: int = 32, seed: int = 0) -> LLaDAModel:
-    """All `layers` of LLaDA-8B's shape with random int8 weights made layer by layer (no float copy)."""
+def build_8b(layers: int = 32, method: str = "int8", seed: int = 0) -> LLaDAModel:
+    """All `layers` of LLaDA-8B's shape with random quantized weights made layer by layer (no float
+    copy): int8 linear layers and a float32 embedding and head, or int4 linear layers (random
+    nibbles and group scales) with the int8 head and embedding `--quantize int4` gives an untied
+    model."""
+    from unmask.layers.int4 import GROUP, Int4Linear
+    from unmask.layers.quant import Int8Embedding, trim_heap
+
     shape = dict(SHAPES["8B-layers"], layers=layers)
     torch.manual_seed(seed)
     with torch.device("meta"):
         model = LLaDAModel(arch(**shape))
-    names = targets(model, model.parts()[3])
+    embed, _, _, head = model.parts()
+    names = targets(model, head)
+    step = 0.02 * 1.7 / 127  # int8 steps of ~N(0, 0.02) weights' range
+
+    def rand(low: int, high: int, out: int, cols: int, dtype) -> torch.Tensor:
+        """Random integers made 4096 rows at a time (randint draws in int64 first: 4 GB for the head)."""
+        t = torch.empty(out, cols, dtype=dtype)
+        for i in range(0, out, 4096):
+            t[i : i + 4096] = torch.randint(low, high, (min(4096, out - i), cols), dtype=dtype)
+        return t
+
+    def int8(out: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return rand(-127, 128, out, cols, torch.int8), torch.full((out,), step)
+
     for name in names:
         m = model.get_submodule(name)
-        q = torch.randint(-127, 128, (m.out_features, m.in_features), dtype=torch.int8)
-        scale = torch.full((m.out_features,), 0.02 * 1.7 / 127)  # ~N(0, 0.02) weights' range
+        if method == "int4":
+            nibbles = rand(0, 16, m.out_features, m.in_features, torch.uint8)
+            scales = torch.full((m.out_features, m.in_features // GROUP), 0.02 * 1.7 / 8)
+            layer = Int4Linear(nibbles, scales)
+            del nibbles
+        else:
+            layer = Int8Linear.from_int8(*int8(m.out_features, m.in_features), None)
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, Int8Linear.from_int8(q, scale, None))
-        del q
+        setattr(model.get_submodule(parent), child, layer)
+        trim_heap()
+    if method == "int4":
+        pair = {id(m): n for n, m in model.named_modules()}
+        for module, made in ((embed, Int8Embedding(*int8(embed.num_embeddings, embed.embedding_dim))),
+                             (head, Int8Linear.from_int8(*int8(head.out_features, head.in_features), None))):
+            parent, _, child = pair[id(module)].rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, made)
+            trim_heap()
     for m in model.modules():  # what is left on meta: embedding, head, norms (not the int8 layers' buffers)
         if any(p.is_meta for p in m.parameters(recurse=False)):
             m.to_empty(device="cpu", recurse=False)
@@ -201,10 +242,11 @@ def full_run(a) -> dict:
     from unmask.params import GenerationParams
 
     t = time.perf_counter()
-    model = build_int8_8b(a.full_layers)
+    model = build_8b(a.full_layers, a.full_method)
     built = time.perf_counter() - t
     rss_model = peak_rss()
-    print(f"built the {a.full_layers}-layer int8 model in {built:.0f} s; weights {weight_bytes(model) / 2**30:.2f} GiB; "
+    print(f"built the {a.full_layers}-layer {a.full_method} model in {built:.0f} s; "
+          f"weights {weight_bytes(model) / 2**30:.2f} GiB; "
           f"peak RSS {rss_model / 2**30:.2f} GiB", flush=True)
     v = model.config.vocab_size
     tokens = TokenIds(mask=v - 1, eos=v - 2, pad=v - 2, stop=(v - 2,))
@@ -223,10 +265,12 @@ def full_run(a) -> dict:
             break
     first, rest = times[0], times[1:]
     per = sum(rest) / len(rest)
-    out = {"model": f"LLaDA-8B shape, {a.full_layers} layers, int8 linear layers (random weights), float32 "
-                    "embedding and head", "prompt": a.prefix, "gen_length": a.gen, "block_length": 32, "cache": "dual",
+    ends = "int8 embedding and head" if a.full_method == "int4" else "float32 embedding and head"
+    out = {"model": f"LLaDA-8B shape, {a.full_layers} layers, {a.full_method} linear layers (random weights), {ends}",
+           "prompt": a.prefix, "gen_length": a.gen, "block_length": 32, "cache": "dual",
            "schedule_tokens_per_step": a.per_step, "steps_run": len(times), "build_seconds": round(built, 1),
-           "weight_bytes": weight_bytes(model), "peak_rss_bytes": peak_rss(), "rss_after_build_bytes": rss_model,
+           "weight_bytes": weight_bytes(model), "peak_rss_bytes": peak_rss(), "peak_rss_after_build_bytes": rss_model,
+           "rss_at_end_bytes": 1024 * int(next(x for x in open("/proc/self/status") if x.startswith("VmRSS")).split()[1]),
            "first_step_seconds": round(first, 2), "seconds_per_step": round(per, 2),
            "timing": "engine.step wall time: forward, proposal, commit (batch 1); the first step includes the prompt's prefill"}
     for tau in a.tau:
@@ -246,6 +290,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--full", action="store_true", help="the 32-layer int8 8B-shaped decode instead")
     ap.add_argument("--full-layers", type=int, default=32)
+    ap.add_argument("--full-method", default="int8", choices=("int8", "int4"))
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--per-step", type=int, default=2, help="fixed schedule: tokens committed per step")
     ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: the whole canvas)")
@@ -255,7 +300,7 @@ def main() -> None:
     res = {"benchmark": "quantize", "context": context()}
     if a.full:
         res.update(full_run(a))
-        out = a.out or "benchmarks/results/quantize_8b_full_cpu.json"
+        out = a.out or f"benchmarks/results/quantize_8b_full{'' if a.full_method == 'int8' else '_int4'}_cpu.json"
     else:
         res.update({"prefix": a.prefix, "timing": "model forward only (DualCache window over a cached prefix), best of "
                     f"{a.repeats}; head timed alone on the same rows"}, **layers_run(a))

@@ -29,7 +29,7 @@ def test_onednn_linear_equals_nn_linear(from_rows, bias):
     torch.manual_seed(0)
     lin = nn.Linear(48, 80, bias=bias)
     fast = OneDNNLinear.from_linear(lin, from_rows)
-    for shape in [(1, 48), (3, 48), (2, 5, 48), (4, 7, 48)]:
+    for shape in [(1, 48), (3, 48), (2, 5, 48), (4, 7, 48), (2, 0, 48)]:  # (no rows: logits at no position)
         x = torch.randn(shape)
         torch.testing.assert_close(fast(x), lin(x), rtol=1e-5, atol=1e-5)
     x = torch.randn(6, 48, 3).transpose(1, 2)  # not contiguous

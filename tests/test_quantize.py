@@ -10,12 +10,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import (
+    write_diffusion_gemma,
+    write_dream,
+    write_fast_dllm_v2,
+    write_llada,
+    write_llada2,
+    write_llada_block,
+    write_llada_moe,
+    write_sdar,
+)
 
-from checkpoints import (write_diffusion_gemma, write_dream, write_fast_dllm_v2, write_llada, write_llada2,
-                         write_llada_block, write_llada_moe, write_sdar)
 from unmask import LLM
 from unmask.errors import UnmaskError
-from unmask.layers.quant import Int8Bank, Int8Linear
+from unmask.layers.quant import (
+    Int8Bank,
+    Int8Embedding,
+    Int8Linear,
+    ends,
+    quantize_model,
+)
 
 FAMILIES = {"llada": write_llada, "dream": write_dream, "fast_dllm_v2": write_fast_dllm_v2, "sdar": write_sdar,
             "llada_block": write_llada_block, "llada2": write_llada2, "llada_moe": write_llada_moe,
@@ -60,10 +74,18 @@ def test_every_family_runs_in_int4(tmp_path, family):
     from unmask.layers.int4 import Int4Linear
 
     path = FAMILIES[family](tmp_path / "m")
-    f, q = LLM(path), LLM(path, quantize="int4")
+    f, q = LLM(path, linear_kernel="default"), LLM(path, quantize="int4")
     assert any(isinstance(m, Int4Linear) for m in q.model.modules())
     banks = [getattr(m, n) for m in q.model.modules() for n in getattr(m, "expert_weights", ())]
     assert all(isinstance(b, Int8Bank) for b in banks)
+    pair = ends(f.model)  # an untied head and the embedding in int8; a tied pair stays float
+    embeds = [m for m in q.model.modules() if isinstance(m, Int8Embedding)]
+    assert len(embeds) == (pair is not None)
+    if pair is not None:
+        embed, head = (q.model.get_submodule(n) for n in pair)
+        assert isinstance(embed, Int8Embedding) and isinstance(head, Int8Linear)
+        w = f.model.get_submodule(pair[0]).weight
+        assert ((embed.dequantized() - w).abs() <= embed.scale[:, None] / 2 * (1 + 1e-5)).all()  # half a step
     if not f.arch.canvas_length:
         ids = torch.tensor([[5, 9, 13, 2, 7, 11, 3, 8]]) % f.arch.vocab_size
         pos = torch.arange(ids.shape[1])[None]
@@ -129,12 +151,27 @@ def test_quantize_errors_name_the_value(monkeypatch):
 
 
 @pytest.mark.slow  # loads a 3.5 GiB-shaped checkpoint
+def test_int4_quantizing_a_built_model_equals_loading_it_so(tmp_path):
+    """quantize_model (a model built in memory, as the benchmarks do) and the loader (row chunks
+    quantized as read) make the same int4 layers, int8 head and int8 embedding: equal logits."""
+    path = write_llada(tmp_path / "m")
+    f, q = LLM(path, linear_kernel="default"), LLM(path, quantize="int4")
+    assert ends(f.model) is not None
+    assert quantize_model(f.model, "int4", f.model.parts()[3]) == len(_int8(q.model)) + sum(
+        1 for m in q.model.modules() if type(m).__name__ in ("Int4Linear", "Int8Embedding"))
+    ids, pos = torch.tensor([[5, 9, 13, 2, 7, 11, 3, 8]]), torch.arange(8)[None]
+    with torch.no_grad():
+        assert torch.equal(f.model(ids, pos), q.model(ids, pos))
+
+
 def test_lean_loading_holds_no_float_copy(tmp_path):
     """A bf16 checkpoint (LLaDA layout, sharded) loads into int8 and into float32 (on either
     kernel: oneDNN's reorders come first) with the peak resident memory of the load within 1.3x
     of what the loaded model holds: tensors are read in row chunks and converted (or quantized)
     into their final form, never whole in float32 (that
-    copy alone is 4x the int8 layers: quantizing after a float32 load measured 1.53x here)."""
+    copy alone is 4x the int8 layers: quantizing after a float32 load measured 1.53x here); and
+    into int4 (layers, int8 head and embedding) with a peak at most 32 MiB above what it holds
+    (a float32 copy of its layers would be 150 MB)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import lean_load
 
@@ -143,6 +180,9 @@ def test_lean_loading_holds_no_float_copy(tmp_path):
     for quantize, kernel in (("int8", "default"), ("int8", "auto"), (None, "auto")):
         r = lean_load.measure(folder, quantize, kernel)
         assert r["peak_over_after"] <= 1.3, r
+    four = lean_load.measure(folder, "int4", "default")  # (the model is 24 MB: one-off costs weigh more)
+    assert four["peak_above_baseline_bytes"] - four["after_load_bytes"] <= 32 << 20, four  # measured 17 MB
+    assert four["model_bytes"] <= r["model_bytes"] / 7, four  # 4.25-bit layers, int8 ends: 1 / 8.5 of float32
     assert r["model_bytes"] >= 0.9 * 4 * (4 * (4 * 768 * 768 + 3 * 768 * 3072) + 2 * 2048 * 768)  # float32 held
 
 

@@ -61,7 +61,8 @@ class LLM:
         speculative decoding (unmask.engine.speculative), with the target's own output.
         `quantize`: "int8" stores the linear layers' weights in int8 (CPU: unmask.layers.quant; GPU:
         torchao, unmask.layers.torchao_quant), "int4" in 4 bits, groups of 32 (CPU only:
-        unmask.layers.int4), "fp8" in float8 (GPU only).
+        unmask.layers.int4; an untied head and the token embedding in int8), "fp8" in float8 (GPU
+        only).
         `linear_kernel`: float32 linear layers on CPU through "auto" (the faster kernel per shape,
         measured once per machine), "default" (PyTorch's) or "onednn" (unmask.layers.dispatch);
         None: env UNMASK_LINEAR_KERNEL, else "auto"."""

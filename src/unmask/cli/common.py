@@ -38,7 +38,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, choices=("int8", "int4", "fp8"),
                    help="int8: the linear layers' weights in int8, per output channel (CPU: PyTorch's FBGEMM kernels; "
                         "GPU: torchao); int4: 4-bit weights in groups of 32, llama.cpp's Q4_0 (CPU: unmask's kernel, "
-                        "built once per machine); fp8: float8 weights and activations (GPU with compute capability 8.9+, torchao)")
+                        "built once per machine), an untied output head and the token embedding in int8; "
+                        "fp8: float8 weights and activations (GPU with compute capability 8.9+, torchao)")
     p.add_argument("--linear-kernel", default=None, choices=("auto", "default", "onednn"),
                    help="float32 linear layers on CPU: auto (the faster of PyTorch's default and oneDNN per shape, "
                         "measured once per machine; the default), default, onednn (docs/quantization.md)")

@@ -82,6 +82,8 @@ class OneDNNLinear(nn.Module):
             destination[prefix + "bias"] = self.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:  # no rows (logits asked at no position): the reordered weight alone can't say
+            return x.new_empty(*x.shape[:-1], self.out_features)
         if self._plain is not None:  # inside default_numerics: PyTorch's kernel on the plain weight
             return F.linear(x, self._plain, self.bias)
         if x.numel() >= self.from_rows * self.in_features:

@@ -139,12 +139,16 @@ def quantize_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out, cols = w.shape
     if cols % GROUP:
         raise ValueError(f"int4 weights need inputs in groups of {GROUP}; this layer has {cols}")
-    g = w.float().reshape(out, cols // GROUP, GROUP)
-    pick = g.abs().argmax(-1, keepdim=True)
-    d = g.gather(-1, pick).squeeze(-1) / -8
-    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
-    q = torch.clamp(torch.trunc(g * inv[..., None] + 8.5), 0, 15).to(torch.uint8)  # ggml's (int8)(x*id + 8.5f)
-    return q.reshape(out, cols), d
+    q = torch.empty(out, cols, dtype=torch.uint8)
+    d = torch.empty(out, cols // GROUP)
+    for i in range(0, out, 256):  # 256 rows at a time, each a copy rounded in place (lean)
+        g = w[i : i + 256].to(torch.float32, copy=True).reshape(-1, cols // GROUP, GROUP)
+        pick = g.abs().argmax(-1, keepdim=True)  # the first of largest magnitude, as ggml's loop picks
+        di = g.gather(-1, pick).squeeze(-1) / -8
+        inv = torch.where(di != 0, 1 / di, torch.zeros_like(di))
+        q[i : i + 256] = g.mul_(inv[..., None]).add_(8.5).trunc_().clamp_(0, 15).reshape(-1, cols)  # (x*id + 8.5f)
+        d[i : i + 256] = di
+    return q, d
 
 
 def from_q4_0_blocks(raw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,12 +193,16 @@ class Int4Linear(nn.Module):
         top = d.abs().amax(1)
         codes = torch.round(127 * d / torch.where(top > 0, top, 1)[:, None]).clamp(-127, 127).to(torch.int64) + 128
         g = q.view(np_, kp // GROUP, GROUP)
-        w8 = table()[codes[..., None], g.long()]  # (np, groups, 32) int8
+        lut, corr = table(), torch.empty(np_, dtype=torch.int32)
+        for i in range(0, np_, 256):  # 128 * the row's int8 weights' sum, in chunks of rows (lean)
+            w8 = lut[codes[i : i + 256, :, None], g[i : i + 256].long()]  # (rows, groups, 32) int8
+            corr[i : i + 256] = 128 * w8.sum((1, 2), dtype=torch.int64)
+        del w8
         self.register_buffer("packed", (g[..., :16] | (g[..., 16:] << 4)).reshape(np_, kp // 2).contiguous(),
                              persistent=False)
         self.register_buffer("codes", codes.to(torch.uint8), persistent=False)
         self.register_buffer("r", (top * 8 / 127).float(), persistent=False)
-        self.register_buffer("corr", (128 * w8.sum((1, 2), dtype=torch.int64)).to(torch.int32), persistent=False)
+        self.register_buffer("corr", corr, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
         self.weight_bytes = self.packed.numel() + self.codes.numel() + 4 * np_
         if like is not None:

@@ -14,13 +14,17 @@ output therefore does not depend on what else is in the batch (the engine's inva
 accuracy is that of per-row scales (on the AR twin, greedy outputs equal to float32 on 133 of 140
 prompts against 103 of 140 with the kernel's per-tensor scale).
 
-What stays in floating point, by choice: the token embedding (a lookup: nothing to multiply), the
-output head (its logits decide every commit and are few rows), routers (`gate`, `router.proj`:
-their scores pick experts) and norms. The stacked expert weights of mixture-of-experts layers are
+What stays in floating point under int8, by choice: the token embedding (a lookup: nothing to
+multiply), the output head (its logits decide every commit and are few rows), routers (`gate`,
+`router.proj`: their scores pick experts) and norms. Under int4, whose point is memory (an 8B
+model's float32 embedding and head alone are 4 GiB), an untied head is an Int8Linear and the token
+embedding an Int8Embedding (int8 rows, a scale per token); a head tied to the embedding stays
+float. The stacked expert weights of mixture-of-experts layers are
 quantized per expert (Int8Bank), as they are read like every other weight. A forward hook on a replaced module (tensor parallelism's all-reduce) moves to its int8
 replacement.
 """
 
+import ctypes
 import warnings
 
 import torch
@@ -65,7 +69,8 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
             packed = torch.ops.quantized.linear_prepack(qw, None)
-        rowsum = (q.sum(1, dtype=torch.float64) * scale).float()
+        rowsum = torch.cat([q[i : i + 4096].sum(1, dtype=torch.int64) for i in range(0, q.shape[0], 4096)])
+        rowsum = (rowsum.double() * scale).float()  # (by row chunks: a sum casts its whole input first)
         bias = None if bias is None else bias.detach().float()
         out = cls(q.shape[1], q.shape[0], packed, rowsum, bias, q.numel() + 4 * scale.numel())
         if like is not None:
@@ -99,6 +104,70 @@ def unit_rows(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         bottom = torch.where(bottom == top, (top + 1) % h.shape[-1], bottom)
     unit.scatter_(-1, top, 1.0).scatter_(-1, bottom, -1.0)
     return unit, 1 / inv, c
+
+
+class Int8Embedding(nn.Module):
+    """nn.Embedding's lookup over int8 rows with one float scale per token (symmetric, the row's
+    max |w| / 127, as quantize_rows): a quarter of float32's memory, each looked-up row
+    dequantized."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.register_buffer("q", q.to(torch.int8), persistent=False)
+        self.register_buffer("scale", scale.float(), persistent=False)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor) -> "Int8Embedding":
+        return cls(*quantize_rows(weight.detach()))
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.q.numel() + 4 * self.scale.numel()
+
+    def dequantized(self) -> torch.Tensor:
+        return self.q.float() * self.scale[:, None]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.q[ids].float() * self.scale[ids].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per token"
+
+
+def trim_heap() -> None:
+    """Hand the memory the C heap holds free back to the system (glibc's malloc_trim; nothing where
+    there is no glibc). Quantizing weight after weight frees large temporaries whose space glibc
+    otherwise keeps: without it resident memory grew twice as fast as the int4 weights made, and
+    an 8B int4 model built layer by layer peaked at 2.4x its weights."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+
+
+_trim = None
+
+
+def small_ends(method: str) -> bool:
+    """Whether `method` also puts an untied output head and the token embedding in int8 (int4 does)."""
+    return method == "int4"
+
+
+def ends(model: nn.Module) -> tuple[str, str] | None:
+    """(token embedding's name, output head's name) of a model whose head is its own nn.Linear and
+    whose embedding is an nn.Embedding; None otherwise (a tied head, or no `parts`)."""
+    if not hasattr(model, "parts"):
+        return None
+    embed, _, _, head = model.parts()
+    if not isinstance(head, nn.Linear) or not isinstance(embed, nn.Embedding):
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    return names[id(embed)], names[id(head)]
 
 
 class Int8Bank:
@@ -178,9 +247,9 @@ def quantize_experts(model: nn.Module) -> int:
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of a float weight -> (int8 rows, float64 scale per row): symmetric, scale = max |w| / 127.
     Row by row, so a loader can quantize a tensor in chunks of rows as it reads them."""
-    w = w.float()
+    w = w.to(torch.float32, copy=True)  # one copy, rounded in place (lean: the loader's row chunks)
     scale = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
-    return torch.round(w / scale[:, None].float()).clamp(-127, 127).to(torch.int8), scale
+    return w.div_(scale[:, None].float()).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
 def targets(model: nn.Module, head: nn.Module | None = None) -> list[str]:
@@ -197,7 +266,8 @@ def check_method(method: str) -> None:
 def quantize_model(model: nn.Module, method: str, head: nn.Module | None = None) -> int:
     """Replace every nn.Linear of `model` (but `head` and the routers) by its `method` version, in
     place, each float weight freed as soon as its quantized copy exists (int4: the expert weights of
-mixture-of-experts layers, and layers whose inputs are not in groups of 32, in int8). Returns how many were replaced.
+    mixture-of-experts layers, and layers whose inputs are not in groups of 32, in int8; an untied
+    head and the token embedding in int8, `small_ends`). Returns how many were replaced.
     (Loading a checkpoint quantizes each weight as it is read instead: unmask.models.loader.)"""
     check_method(method)
     from unmask.layers.int4 import GROUP, Int4Linear
@@ -210,4 +280,11 @@ mixture-of-experts layers, and layers whose inputs are not in groups of 32, in i
         else:  # int8, or int4's fallback for a layer whose inputs are not in groups of 32
             replace(model, name, Int8Linear.from_linear(m))
         m.weight = None  # the float copy goes now, not at the end
-    return len(names) + quantize_experts(model)
+        trim_heap()
+    pair = ends(model) if small_ends(method) else None
+    if pair is not None:
+        embed, out = (model.get_submodule(n) for n in pair)
+        replace(model, pair[0], Int8Embedding.from_weight(embed.weight))
+        replace(model, pair[1], Int8Linear.from_linear(out))
+        embed.weight = out.weight = None
+    return len(names) + 2 * (pair is not None) + quantize_experts(model)

@@ -147,15 +147,18 @@ def load_model(path: str | Path, dtype: str | None = None, device: str | torch.d
     lean: list[str] = []
     head = model.parts()[3] if hasattr(model, "parts") else None  # a tied head: none
     on_cpu = device.type == "cpu"
+    pair = None
     if quantize is not None:
-        from unmask.layers.quant import targets
+        from unmask.layers.quant import ends, small_ends, targets
 
         check_quantize(quantize, device, torch_dtype)
         if on_cpu:
             lean = targets(model, head)
+            pair = ends(model) if small_ends(quantize) and tp is None else None  # int4: embedding and head in int8
+            lean += list(pair or ())
     model = _fill(model, folder, files, device, torch_dtype, tp, lean,
                   kernel if device.type == "cpu" and torch_dtype == torch.float32 else "default", source, cfg,
-                  quantize or "int8")
+                  quantize or "int8", pair)
     if quantize is not None and on_cpu:
         from unmask.layers.quant import quantize_experts
 
@@ -243,12 +246,14 @@ def check_quantize(quantize, device, dtype) -> None:
 
 
 def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[str] = (), kernel: str = "default",
-          source=None, cfg: dict | None = None, method: str = "int8"):
+          source=None, cfg: dict | None = None, method: str = "int8", ends: tuple[str, str] | None = None):
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
     present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
     layers named in `int8` are quantized weight by weight as they are read, to `method` (int8:
     unmask.layers.quant; int4: unmask.layers.int4, a GGUF Q4_0 tensor taken as it is stored, a
-    layer whose inputs are not in groups of 32 and mixture-of-experts weights int8);
+    layer whose inputs are not in groups of 32 and mixture-of-experts weights int8; `ends`, the token
+    embedding's and the head's names when they are among them: both int8, the embedding an
+    Int8Embedding);
     with `kernel` "auto" or "onednn" (float32 on CPU) the others move to oneDNN as each is read
     (unmask.layers.dispatch), those first, so the one extra copy a reorder makes comes while
     little else is resident."""
@@ -269,7 +274,9 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
     convert = None
     if int8:
         from unmask.layers.int4 import GROUP, Int4Linear
-        from unmask.layers.quant import Int8Linear, expert_parts, install_experts
+        from unmask.layers.quant import Int8Embedding, Int8Linear, expert_parts, install_experts, trim_heap
+
+        embedding, int8_only = (ends[0], set(ends)) if ends else (None, set())
 
         names = {f"{n}.weight": n for n in int8}
         experts = {k: v for k, v in expert_parts(model).items() if k in files}
@@ -282,8 +289,11 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
             if k not in names and k not in experts:
                 return False
             if t is None:
-                return "int4" if method == "int4" and k not in experts and expected[k][-1] % GROUP == 0 else "int8"
-            if k in experts:
+                four = method == "int4" and k not in experts and names.get(k) not in int8_only
+                return "int4" if four and expected[k][-1] % GROUP == 0 else "int8"
+            if embedding is not None and names.get(k) == embedding:
+                quantized[embedding] = Int8Embedding(*t) if isinstance(t, tuple) else Int8Embedding.from_weight(t)
+            elif k in experts:
                 expert_rows[k] = t if isinstance(t, tuple) else quantize_rows(t.reshape(-1, t.shape[-1]))
             elif isinstance(t, tuple) and t[0] == "int4":
                 quantized[names[k]] = Int4Linear(*t[1:])
@@ -292,6 +302,7 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
             else:
                 quantized[names[k]] = (Int8Linear.from_int8(*t, None) if isinstance(t, tuple)
                                        else Int8Linear.from_weight(t, None))
+            trim_heap()  # the temporaries' space back to the system, weight by weight (lean)
             return True
 
     adopt, reordered, plain = None, {}, {}
@@ -336,8 +347,9 @@ def _fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[s
         replace(model, name, q)
     for name, q in quantized.items():
         like = model.get_submodule(name)
-        bias = state.pop(f"{name}.bias", None)
-        q.bias = None if bias is None else bias.float()
+        if name != (ends or ("",))[0]:  # (an embedding has no bias)
+            bias = state.pop(f"{name}.bias", None)
+            q.bias = None if bias is None else bias.float()
         q._forward_hooks.update(like._forward_hooks)  # e.g. a row-parallel all-reduce
         replace(model, name, q)
     if int8 and experts:
