@@ -165,24 +165,24 @@ def test_int4_quantizing_a_built_model_equals_loading_it_so(tmp_path):
 
 
 def test_lean_loading_holds_no_float_copy(tmp_path):
-    """A bf16 checkpoint (LLaDA layout, sharded) loads into int8 and into float32 (on either
-    kernel: oneDNN's reorders come first) with the peak resident memory of the load within 1.3x
-    of what the loaded model holds: tensors are read in row chunks and converted (or quantized)
-    into their final form, never whole in float32 (that
-    copy alone is 4x the int8 layers: quantizing after a float32 load measured 1.53x here); and
-    into int4 (layers, int8 head and embedding) with a peak at most 32 MiB above what it holds
-    (a float32 copy of its layers would be 150 MB)."""
+    """A bf16 checkpoint (LLaDA layout, sharded) loads into int8, int4 (layers; head and embedding
+    int8) and float32 (on either kernel: oneDNN's reorders come first) with the peak resident
+    memory of the load at most 40 MiB above what the loaded process holds (measured 0-28 MB; a
+    float32 copy of the layers alone would be 150 MB): tensors are read in row chunks and
+    converted (or quantized) into their final form, never whole in float32, and the heap's freed
+    temporaries go back to the system as loading goes (before, "after" itself held 2.6-4x the
+    int8 model)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import lean_load
 
     folder = tmp_path / "ckpt"
     lean_load.write_checkpoint(folder, layers=4, d=768, heads=12, ff=3072, vocab=2048, shard_bytes=24 << 20)
-    for quantize, kernel in (("int8", "default"), ("int8", "auto"), (None, "auto")):
-        r = lean_load.measure(folder, quantize, kernel)
-        assert r["peak_over_after"] <= 1.3, r
-    four = lean_load.measure(folder, "int4", "default")  # (the model is 24 MB: one-off costs weigh more)
-    assert four["peak_above_baseline_bytes"] - four["after_load_bytes"] <= 32 << 20, four  # measured 17 MB
-    assert four["model_bytes"] <= r["model_bytes"] / 7, four  # 4.25-bit layers, int8 ends: 1 / 8.5 of float32
+    runs = {}
+    for quantize, kernel in (("int8", "default"), ("int8", "auto"), ("int4", "default"), (None, "auto")):
+        r = runs[quantize] = lean_load.measure(folder, quantize, kernel)
+        assert r["peak_above_baseline_bytes"] - r["after_load_bytes"] <= 40 << 20, r  # measured 0-28 MB
+    assert runs[None]["peak_over_after"] <= 1.3
+    assert runs["int4"]["model_bytes"] <= runs[None]["model_bytes"] / 7  # 4.25-bit layers, int8 ends: 1 / 8.5
     assert r["model_bytes"] >= 0.9 * 4 * (4 * (4 * 768 * 768 + 3 * 768 * 3072) + 2 * 2048 * 768)  # float32 held
 
 
