@@ -85,7 +85,8 @@ def test_renoising_roofline_counts_the_canvas(capsys):
     """DiffusionGemma 26B-A4B: 25 B parameters, about 3.8 B active; a denoising step over a
     256-position canvas reads nearly every expert, so fewer denoising steps per canvas mean more
     tokens/s, and AR is matched at a stated step count."""
-    from unmask.bench.roofline import renoise_shape, renoise_table
+    from unmask.bench.roofline import renoise_shape
+    from unmask.bench.roofline_tables import renoise_table
     from unmask.cli import main
 
     arch = renoise_shape("diffusiongemma-26b-a4b")
@@ -105,11 +106,12 @@ def test_tensor_parallel_roofline(capsys):
     """N ranks read and compute 1/N each and pay 2 all-reduces per layer (3 for DiffusionGemma's
     dense MLP beside its experts); one rank pays none; a model too big for one GPU is marked."""
     from unmask.bench import roofline as rl
+    from unmask.bench import roofline_tables as rt
     from unmask.cli import main
 
     arch = rl.dense_shape("llada-8b")
     r = rl.build("h200", arch)
-    t = rl.tp_table(r, arch, rl.LINKS["h200"], (1, 2, 8), gpu_memory=rl.GPU_MEMORY["h200"])
+    t = rt.tp_table(r, arch, rt.LINKS["h200"], (1, 2, 8), gpu_memory=rt.GPU_MEMORY["h200"])
     one = [row for row in t["rows"] if row["ranks"] == 1]
     assert all(row["comm_ms"] == 0 and row["speedup"] == 1 and row["fits"] for row in one)
     canvas = [row for row in t["rows"] if row["forward"] == "canvas (256)" and row["batch"] == 64]
@@ -117,10 +119,10 @@ def test_tensor_parallel_roofline(capsys):
     assert canvas[1]["compute_ms"] == pytest.approx(canvas[0]["compute_ms"] / 2)
     assert 1 < canvas[1]["speedup"] < 2 and canvas[2]["all_reduces"] == 2 * 32 + 1
     gemma = rl.renoise_shape("diffusiongemma-26b-a4b")
-    g = rl.tp_table(rl.build("h200", gemma), gemma, rl.LINKS["h200"], (2,))
+    g = rt.tp_table(rl.build("h200", gemma), gemma, rt.LINKS["h200"], (2,))
     assert g["rows"][0]["all_reduces"] == 3 * 30 + 1
     flash = rl.moe_shape("llada2-flash")
-    f = rl.tp_table(rl.build("h200", flash), flash, rl.LINKS["h200"], (1, 2), gpu_memory=rl.GPU_MEMORY["h200"])
+    f = rt.tp_table(rl.build("h200", flash), flash, rt.LINKS["h200"], (1, 2), gpu_memory=rt.GPU_MEMORY["h200"])
     assert [row["fits"] for row in f["rows"][:2]] == [False, True]
     assert main(["roofline", "--model", "llada-8b", "--hardware", "h200", "--tensor-parallel", "1,4"]) == 0
     assert "speedup" in capsys.readouterr().out
@@ -133,6 +135,7 @@ def test_int8_weights_and_the_cpu_step_table(capsys, monkeypatch):
     grouped experts); the CPU's rates are measured with the engine's own layers; the step table
     puts this CPU beside the GPU presets; bad combinations are named."""
     from unmask.bench import roofline as rl
+    from unmask.bench import roofline_tables as rt
     from unmask.cli import main
     from unmask.errors import UnmaskError
 
@@ -148,7 +151,7 @@ def test_int8_weights_and_the_cpu_step_table(capsys, monkeypatch):
     monkeypatch.setattr(rl, "measure_cpu", lambda seconds=0.5, weights="float32": fake)
     r = rl.build("cpu", arch, weights="int8")
     assert r.model.weight_bytes == pytest.approx(i8.weight_bytes)
-    t = rl.step_table({"cpu int8": r, "h200 bf16": rl.build("h200", arch)}, arch, 0)
+    t = rt.step_table({"cpu int8": r, "h200 bf16": rl.build("h200", arch)}, arch, 0)
     assert set(t["cpu int8"]["ms"]) == {f"b{b} G{g}" for b in (1, 8) for g in (1, 8, 32)}
     assert t["cpu int8"]["ms"]["b1 G1"] == pytest.approx(1e3 * i8.weight_bytes / 20e9, rel=1e-3)
     with pytest.raises(UnmaskError, match="weights int8: the measured weight types are this CPU's"):

@@ -134,6 +134,7 @@ def rehead(a: argparse.Namespace) -> int:
 
 def cmd_roofline(a: argparse.Namespace) -> int:
     from unmask.bench import roofline as rl
+    from unmask.bench import roofline_tables as rt
     from unmask.bench.grid import parse_ints
 
     batches = parse_ints("batches", a.batches)  # every flag is checked, whichever output follows
@@ -172,8 +173,8 @@ def cmd_roofline(a: argparse.Namespace) -> int:
             raise UnmaskError("--step-table needs --model (e.g. llada-8b)")
         rls = {f"cpu {w}": rl.build("cpu", arch, None, None, a.attention, w) for w in rl.WEIGHTS}
         rls.update({f"{h} bf16": rl.build(h, arch, None, None, a.attention) for h in ("h200", "h100-sxm")})
-        table = rl.step_table(rls, arch, a.prompt if a.attention else 0, batches=batches)
-        print(json.dumps(table) if a.json else rl.format_step_table(table))
+        table = rt.step_table(rls, arch, a.prompt if a.attention else 0, batches=batches)
+        print(json.dumps(table) if a.json else rt.format_step_table(table))
         return 0
     model = rl.build(a.hardware, arch, a.params, a.bytes_per_param, a.attention, a.weights)
     if a.draft_layers is not None:  # DFlash speculative decoding of this (autoregressive) target
@@ -183,28 +184,28 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         from dataclasses import replace as _replace
 
         bpp = a.bytes_per_param or 2.0
-        draft = _replace(model, model=rl.draft_cost(arch, a.draft_layers, a.draft_layers, bpp))
+        draft = _replace(model, model=rt.draft_cost(arch, a.draft_layers, a.draft_layers, bpp))
         taus = sorted({a.tau, 2.0, 4.0, 6.0}) if a.tau != ROOFLINE_DEFAULTS["tau"] else (2.0, 4.0, 6.0)
         taus = [t for t in taus if t <= a.block]  # an acceptance length never exceeds the block verified
-        table = rl.speculative_table(model, draft, a.prompt, a.block, taus, batches)
-        print(json.dumps(table) if a.json else rl.format_speculative(table, model.hw))
+        table = rt.speculative_table(model, draft, a.prompt, a.block, taus, batches)
+        print(json.dumps(table) if a.json else rt.format_speculative(table, model.hw))
         return 0
     if a.tensor_parallel is not None:  # the step times of N ranks of one node
         worlds = parse_ints("tensor-parallel", a.tensor_parallel)
         if arch is None:
             raise UnmaskError("--tensor-parallel needs --model (the layer and hidden sizes come from its config)")
-        if (a.hardware or "h100-sxm") not in rl.LINKS:
-            raise UnmaskError(f"--tensor-parallel prices GPU links; choose --hardware {', '.join(rl.LINKS)}")
-        table = rl.tp_table(model, arch, rl.LINKS[a.hardware or "h100-sxm"], worlds,
+        if (a.hardware or "h100-sxm") not in rt.LINKS:
+            raise UnmaskError(f"--tensor-parallel prices GPU links; choose --hardware {', '.join(rt.LINKS)}")
+        table = rt.tp_table(model, arch, rt.LINKS[a.hardware or "h100-sxm"], worlds,
                             context=a.prompt + a.gen if a.attention else 0,
-                            gpu_memory=rl.GPU_MEMORY[a.hardware or "h100-sxm"])
-        print(json.dumps(table) if a.json else rl.format_tp(table, model.hw))
+                            gpu_memory=rt.GPU_MEMORY[a.hardware or "h100-sxm"])
+        print(json.dumps(table) if a.json else rt.format_tp(table, model.hw))
         return 0
     if arch is not None and arch.kind == "renoise":  # a renoising model: its cost per canvas
         if a.plot:
             raise UnmaskError("--plot draws AR against masked diffusion; a renoising model prints its table")
-        table = rl.renoise_table(model, arch, a.prompt, batches=batches)
-        print(json.dumps(table) if a.json else rl.format_renoise(table, model.hw, model.model.weight_bytes))
+        table = rt.renoise_table(model, arch, a.prompt, batches=batches)
+        print(json.dumps(table) if a.json else rt.format_renoise(table, model.hw, model.model.weight_bytes))
         return 0
     pred = rl.predict(model, a.prompt, a.gen, a.tau, a.block, batches)
     if a.plot:
