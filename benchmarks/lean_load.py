@@ -137,7 +137,8 @@ def main() -> None:
             disk = write_checkpoint(folder, a.layers, **shape, shard_bytes=(64 << 20) if a.small else (2 << 30))
         print(f"have {disk / 2**30:.2f} GiB bf16 ({a.layers} layers, {shape}) in {time.perf_counter() - t:.0f} s")
         runs = []
-        for quantize, kernel in ((None, "default"), (None, "auto"), ("int8", "default"), ("int8", "auto")):
+        for quantize, kernel in ((None, "default"), (None, "auto"), ("int8", "default"), ("int8", "auto"),
+                                 ("int4", "default")):
             r = measure(folder, quantize, kernel)
             runs.append(r)
             print(f"{quantize or 'float32':8} kernel {kernel:8} load {r['load_seconds']:6.1f} s  peak "
