@@ -164,6 +164,20 @@ def test_int4_quantizing_a_built_model_equals_loading_it_so(tmp_path):
         assert torch.equal(f.model(ids, pos), q.model(ids, pos))
 
 
+def test_a_weight_packed_in_blocks_multiplies_as_one(monkeypatch):
+    """FBGEMM's packing copies the weight, so a large one (an output head) is packed in blocks of
+    rows: every block quantizes the same input alike, so the output equals one packing's."""
+    from unmask.layers import quant
+
+    torch.manual_seed(0)
+    w, x = torch.randn(300, 64), torch.randn(5, 64)
+    whole = Int8Linear.from_weight(w, None)
+    monkeypatch.setattr(quant, "PACK_ROWS", 128)
+    blocks = Int8Linear.from_weight(w, None)
+    assert len(blocks._packed) == 3 and len(whole._packed) == 1
+    assert torch.equal(blocks(x), whole(x))
+
+
 def test_lean_loading_holds_no_float_copy(tmp_path):
     """A bf16 checkpoint (LLaDA layout, sharded) loads into int8, int4 (layers; head and embedding
     int8) and float32 (on either kernel: oneDNN's reorders come first) with the peak resident

@@ -35,6 +35,9 @@ from unmask.layers.dispatch import replace, routers
 QUANTIZE = ("int8", "int4")  # int4: unmask.layers.int4 (its own kernel)
 
 
+PACK_ROWS = 16384  # output rows packed for FBGEMM at a time (an output head's 126464 in 8 blocks)
+
+
 class Int8Linear(nn.Module):
     """nn.Linear's forward over an int8 weight with per-output-channel scales."""
 
@@ -42,7 +45,7 @@ class Int8Linear(nn.Module):
                  bias: torch.Tensor | None, weight_bytes: int) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self._packed = packed  # FBGEMM's prepacked int8 weight (no bias)
+        self._packed = packed  # FBGEMM's prepacked int8 weight (no bias): blocks of output rows
         self.register_buffer("rowsum", rowsum, persistent=False)  # W 1 of the int8 weight, dequantized
         self.register_buffer("bias", bias, persistent=False)
         self.weight_bytes = weight_bytes
@@ -64,11 +67,14 @@ class Int8Linear(nn.Module):
                   like: nn.Module | None = None) -> "Int8Linear":
         """From int8 weights (out, in) and their per-output-channel scales (out,)."""
         scale = scale.double()
-        zero = torch.zeros(q.shape[0], dtype=torch.long)
+        packed = []
         with warnings.catch_warnings():  # PyTorch marks its quantized tensor types deprecated (issue 184982)
             warnings.simplefilter("ignore")
-            qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)
-            packed = torch.ops.quantized.linear_prepack(qw, None)
+            for i in range(0, q.shape[0], PACK_ROWS):  # packing copies the weight: a block at a time (lean)
+                zero = torch.zeros(len(q[i : i + PACK_ROWS]), dtype=torch.long)
+                qw = torch._make_per_channel_quantized_tensor(q[i : i + PACK_ROWS], scale[i : i + PACK_ROWS], zero, 0)
+                packed.append(torch.ops.quantized.linear_prepack(qw, None))
+                del qw
         rowsum = torch.cat([q[i : i + 4096].sum(1, dtype=torch.int64) for i in range(0, q.shape[0], 4096)])
         rowsum = (rowsum.double() * scale).float()  # (by row chunks: a sum casts its whole input first)
         bias = None if bias is None else bias.detach().float()
@@ -80,7 +86,10 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.float()
         unit, a, c = unit_rows(h)
-        y = torch.ops.quantized.linear_dynamic(unit, self._packed, True)
+        if len(self._packed) == 1:
+            y = torch.ops.quantized.linear_dynamic(unit, self._packed[0], True)
+        else:  # every block quantizes the same input alike: the columns are those of one call
+            y = torch.cat([torch.ops.quantized.linear_dynamic(unit, p, True) for p in self._packed], -1)
         flat = y.view(-1, self.out_features)
         flat.mul_(a.view(-1, 1)).addr_(c.view(-1), self.rowsum)  # a (W x') + c (W 1)
         if self.bias is not None:
