@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from unmask.bench import roofline as rl  # noqa: E402
+from unmask.bench import roofline_tables as rt  # noqa: E402
 from unmask.bench.runner import context  # noqa: E402
 from unmask.engine import Engine, EngineConfig  # noqa: E402
 from unmask.files import writable_folder, write_json_atomic  # noqa: E402
@@ -99,7 +100,7 @@ def main() -> None:
             roof = rl.Roofline(hw, rl.ModelCost.from_arch(arch, 4.0, attention=True))
             for b in map(int, a.batches.split(",")):
                 m = run(model, b, a.prompt, a.steps)
-                table = rl.renoise_table(roof, arch, a.prompt, steps=(a.steps,), batches=(b,))["rows"][0]
+                table = rt.renoise_table(roof, arch, a.prompt, steps=(a.steps,), batches=(b,))["rows"][0]
                 row = {"shape": shape, "parameters": arch.num_parameters(),
                        "active_parameters": arch.num_parameters(active=True), "canvas": canvas, "batch": b,
                        **m, "predicted_denoise_step_ms": table["denoise_step_ms"],
