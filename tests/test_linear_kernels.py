@@ -78,6 +78,21 @@ def test_choice_is_measured_once_and_recorded(monkeypatch):
                                                                        [plan[(32, 64)], plan[(64, 32)], plan[(32, 64)]])
 
 
+def test_a_large_weight_is_never_held_twice(monkeypatch):
+    """A layer oneDNN takes only from some row count keeps its plain weight for fewer rows; above
+    KEEP_PLAIN_BYTES it goes to oneDNN at every row count instead (no second copy)."""
+    monkeypatch.setattr(dispatch, "measure", lambda w: {"from_rows": 4})
+    small, large = nn.Linear(32, 64), nn.Linear(64, 128)
+    monkeypatch.setattr(dispatch, "KEEP_PLAIN_BYTES", 4 * 64 * 64)
+    assert dispatch.plan_for(small.weight) == 4 and dispatch.plan_for(large.weight) == 1
+    model = nn.Sequential(small, nn.ReLU(), large)
+    x = torch.randn(2, 32)
+    want = model(x)
+    use_kernels(model, "auto")
+    assert model[0].weight is not None and model[2].weight is None  # only the small one keeps its copy
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_an_unwritable_record_is_not_an_error(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("UNMASK_CACHE_DIR", str(tmp_path / "file" / "inside"))

@@ -14,7 +14,8 @@ kernels at 1, 2, 4, ..., 64 rows, interleaved, best of several. oneDNN takes a l
 smallest row count at which it is faster at that count and every larger one; a layer where it
 never is stays an nn.Linear. The choice (with the times) is recorded in a JSON file keyed by CPU,
 thread count and torch version (`$UNMASK_CACHE_DIR` or ~/.cache/unmask/linear_kernels.json), so
-later loads on that machine choose the same without measuring. Kernels: "auto" (that),
+later loads on that machine choose the same without measuring (a large weight that oneDNN takes
+only from some row count goes to oneDNN at every count: KEEP_PLAIN_BYTES). Kernels: "auto" (that),
 "default" (PyTorch's F.linear, no change), "onednn" (oneDNN at every row count).
 """
 
@@ -35,6 +36,12 @@ from unmask.errors import UnmaskWarning
 KERNELS = ("auto", "default", "onednn")
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 NEVER = 1 << 62  # from_rows of a layer that stays on the default kernel
+# A layer oneDNN takes only from some row count keeps its plain weight beside the reordered one
+# for the fewer-row calls: for a large weight that doubles its memory (an 8B model's linear
+# layers, 28 GB, would be held twice), so above this size oneDNN takes every row count. The cost,
+# measured here: a 4096x12288 layer at one row 11.5 ms on oneDNN against 7.5 on the default at 1
+# thread (2 threads: 6.1 against 7.9, oneDNN faster anyway).
+KEEP_PLAIN_BYTES = 32 << 20
 BLOCK_BYTES = 512 << 20  # a weight larger than this is reordered (and multiplied) in blocks of rows (at 256 MB the
 # blocks cost an 8B head ~8 % at one row; at 512 MB nothing measurable)
 
@@ -209,14 +216,16 @@ def _targets(model: nn.Module, skip) -> list:
 
 def plan_for(weight: torch.Tensor) -> int:
     """from_rows for a float32 weight of this shape: this machine's record, or measured on it now
-    (and recorded)."""
+    (and recorded); 1 for a weight over KEEP_PLAIN_BYTES that oneDNN takes from more rows (never
+    held twice: below)."""
     data = _read_cache()
     known = data.setdefault(machine_key(), {})
     tag = f"{weight.shape[1]}x{weight.shape[0]}"
     if tag not in known:
         known[tag] = measure(weight.detach())
         _write_cache(data)
-    return int(known[tag]["from_rows"])
+    from_rows = int(known[tag]["from_rows"])
+    return 1 if 1 < from_rows < NEVER and 4 * weight.numel() > KEEP_PLAIN_BYTES else from_rows
 
 
 def choices(model: nn.Module, skip=routers) -> dict:
