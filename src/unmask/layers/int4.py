@@ -8,14 +8,15 @@ nibbles. The group scales are held as 7-bit codes relative to the row's largest 
 that a nibble unpacks to an int8 weight by one table lookup and the multiply is int8 x int8 with
 integer sums, as int8 kernels multiply: unmask's own kernel (int4.cpp; AVX512-VNNI, AVX2 or plain
 C++ with OpenMP, built once per machine with its C++ compiler in a second or two, cached under
-$UNMASK_CACHE_DIR or ~/.cache/unmask/kernels, called through ctypes). Activations are quantized per row to int8 on the
-fly, so a row's output depends on nothing else in the batch. PyTorch's own int4 CPU matmul
+$UNMASK_CACHE_DIR or ~/.cache/unmask/kernels, called through ctypes). Activations are quantized
+per row to int8 on the fly, so a row's output depends on nothing else in the batch. PyTorch's own int4 CPU matmul
 (`_weight_int4pack_mm_for_cpu`) measured 20-55x slower than float32 on this project's machines, and
 its dynamic 4-bit one (`_dyn_quant_matmul_4bit`) has a fast path only on ARM: hence a kernel of our
 own.
 
-What stays in floating point is what stays so for int8 (unmask.layers.quant): embeddings, the output
-head, routers, norms.
+What stays in floating point: routers and norms. An untied output head and the token embedding
+go to int8 (unmask.layers.quant: Int8Linear, Int8Embedding); a head tied to the embedding stays
+float.
 """
 
 import ctypes

@@ -71,8 +71,8 @@ class Int8Linear(nn.Module):
         with warnings.catch_warnings():  # PyTorch marks its quantized tensor types deprecated (issue 184982)
             warnings.simplefilter("ignore")
             for i in range(0, q.shape[0], PACK_ROWS):  # packing copies the weight: a block at a time (lean)
-                zero = torch.zeros(len(q[i : i + PACK_ROWS]), dtype=torch.long)
-                qw = torch._make_per_channel_quantized_tensor(q[i : i + PACK_ROWS], scale[i : i + PACK_ROWS], zero, 0)
+                rows, zero = q[i : i + PACK_ROWS], torch.zeros(min(PACK_ROWS, q.shape[0] - i), dtype=torch.long)
+                qw = torch._make_per_channel_quantized_tensor(rows, scale[i : i + PACK_ROWS], zero, 0)
                 packed.append(torch.ops.quantized.linear_prepack(qw, None))
                 del qw
         rowsum = torch.cat([q[i : i + 4096].sum(1, dtype=torch.int64) for i in range(0, q.shape[0], 4096)])

@@ -136,7 +136,7 @@ def fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[st
         replace(model, name, q)
     for name, q in quantized.items():
         like = model.get_submodule(name)
-        if name != (ends or ("",))[0]:  # (an embedding has no bias)
+        if hasattr(q, "bias"):  # (a linear layer; an embedding has none)
             bias = state.pop(f"{name}.bias", None)
             q.bias = None if bias is None else bias.float()
         q._forward_hooks.update(like._forward_hooks)  # e.g. a row-parallel all-reduce
