@@ -134,15 +134,18 @@ def test_moe_parameter_counts(llada2_dir):
 
 # ---------------------------------------------------------------- compat llada2
 
-def test_compat_llada2_equals_llada2_1s_own_generate():
+@pytest.mark.parametrize("part", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow),
+                                  pytest.param(3, marks=pytest.mark.slow)])
+def test_compat_llada2_equals_llada2_1s_own_generate(part):
     """288 rows recorded from the released modeling code's generate (tests/data/llada2-upstream):
     ids and forwards per row, 48 settings (thresholds, edit thresholds, post steps, blocks, early
-    stop), 6 unequal prompts decoded together."""
+    stop), 6 unequal prompts decoded together. Every fourth setting in the fast tier, the rest in
+    the slow lane."""
     rec = json.loads((UPSTREAM / "recorded.json").read_text())
     model, _ = load_model(UPSTREAM)
     tokens = TokenIds(mask=63, eos=62, pad=61)
     edits = 0
-    for case in rec["cases"]:
+    for case in rec["cases"][part::4]:
         s = case["settings"]
         p = GenerationParams(gen_length=s["gen_length"], block_length=s["block_length"], threshold=s["threshold"],
                              edit_threshold=s["editing_threshold"], max_post_steps=s["max_post_steps"],
@@ -151,7 +154,7 @@ def test_compat_llada2_equals_llada2_1s_own_generate():
         assert dec.rows == [r["output"] for r in case["rows"]], s
         assert dec.row_nfe == [r["nfe"] for r in case["rows"]], s
         edits += sum(map(sum, dec.row_edits))
-    assert edits > 1000  # token-to-token editing was exercised
+    assert edits > 200  # token-to-token editing was exercised
 
 
 PROMPTS = {"unequal": [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13] * 9, [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]],
