@@ -195,18 +195,18 @@ def test_kv_rows_live_in_slots_joins_and_leaves_copy_no_cache(model):
     engine = Engine(model, TOKENS)
     reqs = [engine.add_request(q, p) for q in prompts[:3]]
     engine.step()
-    store = engine.rows._store["k"][0]
+    store = engine.rows.slots.groups["k"][0]
     last_k = engine.rows.k[0][2].clone()
     assert engine.abort(reqs[1].id)
     assert engine.rows.reqs == [reqs[0], reqs[2]]  # the last row moved into the freed slot
-    assert torch.equal(engine.rows.k[0][1], last_k) and engine.rows._store["k"][0] is store
+    assert torch.equal(engine.rows.k[0][1], last_k) and engine.rows.slots.groups["k"][0] is store
     reqs.append(engine.add_request(prompts[3], p))
     engine.step()  # the new row takes the free slot: same store, no copy of the others' K/V
-    assert engine.rows._store["k"][0] is store and engine.rows.n == 3
+    assert engine.rows.slots.groups["k"][0] is store and engine.rows.n == 3
     while engine.has_unfinished():
         engine.step()
     assert [reqs[i].canvas for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
-    assert engine.rows.k is None and not engine.rows._store  # freed with the last row
+    assert engine.rows.k is None and not engine.rows.slots.groups  # freed with the last row
 
 
 def _count_reads(monkeypatch, engine) -> tuple[list, list]:

@@ -77,7 +77,6 @@ class MaskedKind:
         # prompt K/V shared across requests, for the settings whose cache policy allows it (kv/prefix.py):
         # pages of the model's attention block (a block model), else 16 tokens
         self.prefix = PrefixStore(ctx.prefix_bytes, self.align or 16) if ctx.prefix_bytes else None
-        self._sharing: dict = {}  # request id -> its reusable prompt length, until its prompt K/V are final
         self._setting_ids = itertools.count()
         self.watching = 0  # watched rows (their proposals cost one transfer per step)
         self.observer = None  # diagnostics (unmask.engine.diagnostics): sees every forward, changes none
@@ -112,7 +111,8 @@ class MaskedKind:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         for i in gone:
             self.constrained.remove(self.rows.reqs[i])
-            self._sharing.pop(self.rows.reqs[i].id, None)
+        if self.prefix is not None:
+            self.prefix.forget([self.rows.reqs[i] for i in gone])
         self.logprobs.remove([self.rows.reqs[i] for i in gone])
         self.rows.remove(gone)
         self._forget_settings()
@@ -123,27 +123,22 @@ class MaskedKind:
         pages are shared once its first step has made them final (`_share`)."""
         if self.prefix is None:
             return
-        limit = req.parts.cache.prefix(len(req.prompt), self.align, self.shift)
-        if limit < self.prefix.page:
-            return
-        m, slots = self.prefix.match(req.prompt, limit)
+        m, slots = self.prefix.lookup(req, req.parts.cache.prefix(len(req.prompt), self.align, self.shift))
         if m:
             r, like = self.rows, self.prefix.pools["k"][0]
             layers = self.arch.num_layers
             self.prefix.load({"k": r.layer_buffers("k", layers, like), "v": r.layer_buffers("v", layers, like)},
                              r.n - 1, slots)
             r.reused[r.n - 1] = m
-            req.cached_tokens = m
-        self._sharing[req.id] = limit
 
     def _share(self, report: Report) -> None:
         """Rows whose first step ran: their prompt's final K/V pages join the prefix cache."""
         r = self.rows
         for i in report.rows:
-            req = r.reqs[i]
-            limit = self._sharing.pop(req.id, None)
-            if limit is not None and r.k is not None:
-                self.prefix.insert(req.prompt, limit, {"k": r.k, "v": r.v}, i)
+            if r.k is None:  # no K/V kept (no cache): nothing to share
+                self.prefix.final(r.reqs[i])
+            else:
+                self.prefix.share(r.reqs[i], {"k": r.k, "v": r.v}, i)
 
     def _forget_settings(self) -> None:
         """Settings no running row uses are dropped, so a long-running server's tables stay small."""
@@ -189,7 +184,7 @@ class MaskedKind:
         self._ahead, self._sizes = ahead, flat[settled.numel():]
         report = postprocess.report(self.rows, work, flat[:settled.numel()])
         self.logprobs.attach(report)
-        if self._sharing:
+        if self.prefix is not None and self.prefix.waiting:
             self._share(report)
         return report
 

@@ -114,7 +114,6 @@ class RenoiseKind:
         # prompt K/V shared across requests (kv/prefix.py): the encoder's, causal, in pages of 16
         # tokens, every layer whole (a sliding layer holds only its window of a reused prefix)
         self.prefix = PrefixStore(ctx.prefix_bytes, 16) if ctx.prefix_bytes else None
-        self._sharing: dict = {}  # request id -> (its reusable prompt length, reused), until its prompt is encoded
 
     def prepare(self, params) -> None:
         return None
@@ -147,11 +146,7 @@ class RenoiseKind:
         starts the first canvas)."""
         r, store, lay = self.rows, self.prefix, self.model.config.layout
         for j, q in enumerate(reqs, first):
-            limit = len(q.prompt) - 1
-            if limit < store.page:
-                continue
-            m, slots = store.match(q.prompt, limit)
-            self._sharing[q.id] = (limit, m)
+            m, slots = store.lookup(q, len(q.prompt) - 1)
             if not m:
                 continue
             got = store.gather(slots)
@@ -159,11 +154,10 @@ class RenoiseKind:
                         RenoiseKV.holding(lay.sliding, lay.window, got["k"], got["v"], m, self.device))
             r.start[j], r.new_len[j] = m, len(q.prompt) - m
             r.pending[j] = r.pending[j][m:]
-            q.cached_tokens = m
 
     def remove(self, gone: list[int]) -> None:
-        for i in gone:
-            self._sharing.pop(self.rows.reqs[i].id, None)
+        if self.prefix is not None:
+            self.prefix.forget([self.rows.reqs[i] for i in gone])
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         perm = self.rows.remove(gone)
         self.kv.keep(torch.tensor(perm, dtype=torch.long, device=self.device))
@@ -190,7 +184,7 @@ class RenoiseKind:
         held = torch.arange(new.shape[1], device=self.device)[None] < n[:, None]
         positions = r.start[rows][:, None] + torch.arange(new.shape[1], device=self.device)[None]
         kv = self.kv.select(rows)
-        sharing = [self._sharing.pop(r.reqs[i].id, None) for i in idx] if self._sharing else []
+        sharing = [self.prefix.final(r.reqs[i]) for i in idx] if self.prefix is not None and self.prefix.waiting else []
         with kv.writing(positions, held, held, record=any(sharing)):
             self.model.encode(new, positions, kv)
         self.kv.put(rows, kv)

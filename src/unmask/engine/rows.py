@@ -6,18 +6,18 @@ and `grow` go over those fields, so a new one is a line in the kind's rows and n
 list of names. Canvas-wide fields (`cols=True`) are right-padded to a capacity `cap`; column `cap`
 is a scratch column that padded entries write to, so scatters never collide with real columns.
 
-K/V memory (`layers=True` fields: per layer (n, H, cap + 1, D)) lives in slots: each layer's
-tensor is a view of the first n rows of a preallocated (slots, H, cap + 1, D) store. A joining
-row takes the next slot (the store grows by half when full, so joins copy nothing in the steady
-state); a departing row's slot is filled by the last row (`remove` moves one row per departure,
-never the whole cache), so rows are in no particular order — the scheduler orders them by `seq`,
-their admission order. The store is allocated by the first forward that writes K/V and freed
-when the last row leaves; `lazy` fields likewise (allocated by the kind)."""
+K/V memory (`layers=True` fields: per layer (n, H, cap + 1, D)) and other `slots` fields live in
+the rows' slot store (kv/slots.py, the one every K/V cache uses): each is a view of the first n
+slots. A joining row takes the next slot; a departing row's slot is filled by the last row, so
+rows are in no particular order — the scheduler orders them by `seq`, their admission order. The
+store is allocated by the first forward that writes K/V and freed when the last row leaves;
+`lazy` fields likewise (allocated by the kind)."""
 
 from dataclasses import dataclass, field, fields
 
 import torch
 
+from unmask.kv.slots import SlotStore
 from unmask.sampler.schedule import even_split
 
 
@@ -45,7 +45,7 @@ class Rows:
     lp: torch.Tensor | None = per_row(torch.float32, cols=True, lazy=True)
     top_ids: torch.Tensor | None = per_row(cols=True, lazy=True)
     top_lp: torch.Tensor | None = per_row(torch.float32, cols=True, lazy=True)
-    _store: dict = field(default_factory=dict)  # layers field -> per layer (slots, H, cap + 1, D)
+    slots: SlotStore = field(default_factory=SlotStore)  # slot fields: layers -> per layer (slots, H, cap + 1, D)
     state: dict = field(default_factory=dict)  # counters declared by a component (a cache policy): name -> (n,)
     _next_seq: int = 0
 
@@ -72,11 +72,9 @@ class Rows:
         if cap <= self.cap:
             return
         extra = cap - self.cap
-        for name, store in self._store.items():  # a wider K/V store (a longer canvas joined: rare)
-            if not self._meta(name)["layers"]:
-                continue
-            self._store[name] = [torch.cat([u[:, :, : self.cap], u.new_zeros(*u.shape[:2], extra + 1, u.shape[3])], 2)
-                                 for u in store]
+        for name in self.slots.groups:  # a wider K/V store (a longer canvas joined: rare)
+            if self._meta(name)["layers"]:
+                self.slots.widen(name, 2, cap + 1, keep=self.cap)
         for f in self._fields():
             t = getattr(self, f.name)
             if t is None or f.metadata["layers"]:
@@ -92,24 +90,19 @@ class Rows:
 
     def _views(self) -> None:
         """Each slot field: the first n slots of its store (a list per layer for K/V)."""
-        for name, store in self._store.items():
-            setattr(self, name, [u[: self.n] for u in store] if self._meta(name)["layers"] else store[0][: self.n])
+        for name in self.slots.groups:
+            view = list(self.slots.view(name).values())
+            setattr(self, name, view if self._meta(name)["layers"] else view[0])
 
     @torch.inference_mode()
     def append(self, reqs: list, values: dict) -> None:
         """Append `reqs` as rows; `values[name]`: a (k, ...) tensor (or a list / scalar) for each
         eager field (a canvas-wide one at the current capacity); lazy fields that exist get rows of
         zeros, and an eager field not given gets its fill."""
-        k, n = len(reqs), self.n
+        k = len(reqs)
         values = {**values, "seq": list(range(self._next_seq, self._next_seq + k))}
         self._next_seq += k
-        for name, store in self._store.items():
-            if store[0].shape[0] < n + k:  # no free slot: a store half as large again (amortised)
-                slots = max(n + k, store[0].shape[0] * 3 // 2)
-                store = [torch.cat([u[:n], u.new_zeros(slots - n, *u.shape[1:])]) for u in store]
-                self._store[name] = store
-            for u in store:
-                u[n : n + k].zero_()
+        self.slots.add(k)
         for name, cur in self.state.items():
             value = values.get(name, [0] * k)
             self.state[name] = torch.cat([cur, torch.as_tensor(value, dtype=torch.long).to(self.device).reshape(k)])
@@ -138,13 +131,7 @@ class Rows:
         for h, src in zip(holes, movers):
             perm[h] = src
         self.reqs = [self.reqs[i] for i in perm]
-        if m == 0:  # the last row left: free the K/V store and the lazy buffers
-            self._store.clear()
-        elif holes:
-            to, frm = (torch.tensor(v, dtype=torch.long, device=self.device) for v in (holes, movers))
-            for store in self._store.values():
-                for u in store:
-                    u[to] = u[frm]
+        self.slots.keep(perm)  # the last row leaving frees the K/V store
         index = torch.tensor(perm, dtype=torch.long, device=self.device)
         self.state = {name: t[index] for name, t in self.state.items()}
         for f in self._fields():
@@ -168,8 +155,8 @@ class Rows:
 
     def allocate(self, name: str, tail: tuple, dtype: torch.dtype) -> torch.Tensor:
         """The slot field `name` ((n, *tail) view of its store), allocated now as zeros if it is not."""
-        if name not in self._store:
-            self._store[name] = [torch.zeros((self.n, *tail), dtype=dtype, device=self.device)]
+        if name not in self.slots:
+            self.slots.group(name, {0: torch.zeros((self.n, *tail), dtype=dtype, device=self.device)})
             self._views()
         return getattr(self, name)
 
@@ -184,9 +171,9 @@ class Rows:
     def layer_buffers(self, name: str, num_layers: int, like: torch.Tensor) -> list:
         """The per-layer field `name` (K/V rows: (n, H, cap + 1, D) views of its slot store),
         allocated now as zeros if it is not yet."""
-        if name not in self._store:
+        if name not in self.slots:
             shape = (self.n, like.shape[1], self.cap + 1, like.shape[3])
-            self._store[name] = [like.new_zeros(shape) for _ in range(num_layers)]
+            self.slots.group(name, {i: like.new_zeros(shape) for i in range(num_layers)})
             self._views()
         return getattr(self, name)
 

@@ -124,7 +124,6 @@ class SpecKind:
         self.prefix = PrefixStore(ctx.prefix_bytes, 16) if ctx.prefix_bytes else None
         self._layers = {"k": self.model.config.num_layers, "v": self.model.config.num_layers,
                         "dk": c.num_layers, "dv": c.num_layers}
-        self._sharing: dict = {}  # request id -> its reusable prompt length, until its first round
 
     def prepare(self, params) -> None:
         if params.min_tokens:
@@ -157,30 +156,26 @@ class SpecKind:
         logits give the first token)."""
         r, store = self.rows, self.prefix
         for j, q in enumerate(reqs, first):
-            limit = len(q.prompt) - 1
-            if limit < store.page:
-                continue
-            self._sharing[q.id] = limit
-            m, slots = store.match(q.prompt, limit)
+            m, slots = store.lookup(q, len(q.prompt) - 1)
             if not m:
                 continue
             store.load({name: r.layer_buffers(name, self._layers[name], pool[0]) for name, pool in store.pools.items()},
                        j, slots)
             r.reused[j], r.dlen[j], r.pc[j] = m, m, len(q.prompt) - m
-            q.cached_tokens = m
 
     def _share(self, report: Report) -> None:
         """Rows whose first round ran: their prompts' pages (both caches final there) join the
         prefix cache; a row that ended at its prefill shares nothing (no drafter context)."""
         r = self.rows
         for i, stats in zip(report.rows, report.stats):
-            limit = self._sharing.pop(r.reqs[i].id, None)
-            if limit is not None and stats.draft_forwards:
-                self.prefix.insert(r.reqs[i].prompt, limit, {name: getattr(r, name) for name in self._layers}, i)
+            if stats.draft_forwards:
+                self.prefix.share(r.reqs[i], {name: getattr(r, name) for name in self._layers}, i)
+            else:
+                self.prefix.final(r.reqs[i])
 
     def remove(self, gone: list[int]) -> None:
-        for i in gone:
-            self._sharing.pop(self.rows.reqs[i].id, None)
+        if self.prefix is not None:
+            self.prefix.forget([self.rows.reqs[i] for i in gone])
         self.sampling -= sum(self.rows.reqs[i].params.temperature > 0 for i in gone)
         self.constrained -= sum(self.rows.reqs[i].grammar is not None for i in gone)
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
@@ -214,7 +209,7 @@ class SpecKind:
             rounds[idx] = 1
         self._report(run, fresh, rounds, gained, old, report, pre, report.records[-1] if idx.numel() else None)
         self.logprobs.attach(report)
-        if self._sharing:
+        if self.prefix is not None and self.prefix.waiting:
             self._share(report)
         return report
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.kv.slots import SlotStore
+
 
 @dataclass
 class PrefixStats:
@@ -51,18 +53,56 @@ class PrefixStore:
         # key -> (slot, parent key, the page's tokens); oldest first (the LRU order)
         self.table: OrderedDict[int, tuple[int, int | None, tuple]] = OrderedDict()
         self.free: list[int] = []
-        self.pools: dict[str, list[torch.Tensor]] = {}  # name -> per layer (slots, H, page, D)
+        self.slots = SlotStore()  # the page pool: name -> per layer (slots, H, page, D)
         self.capacity: int | None = None  # slots the budget holds (known once the first page is written)
         self.stats = PrefixStats()
+        # request id -> (its reusable prompt length, the length it reused), from its lookup until
+        # its prompt's K/V are final (then its pages join) or it leaves
+        self.waiting: dict[int, tuple[int, int]] = {}
 
     @property
     def pages(self) -> int:
         return len(self.table)
 
     @property
+    def pools(self) -> dict[str, list[torch.Tensor]]:
+        """name -> per layer (slots, H, page, D)."""
+        return {name: list(group.values()) for name, group in self.slots.groups.items()}
+
+    @property
     def bytes(self) -> int:
         """Bytes the pool holds now (its slots, used or free)."""
-        return sum(u.numel() * u.element_size() for pool in self.pools.values() for u in pool)
+        return self.slots.bytes
+
+    # --- a row's lifecycle, the same for every row kind -------------------------------------------
+    def lookup(self, req, limit: int) -> tuple[int, list[int]]:
+        """A joining request's prompt, reusable up to `limit` tokens (the kind's and its cache
+        policy's rule): the length found and its pages (0, [] under one page). The request is
+        remembered until `final` (its prompt's K/V are final: its pages can join) or `forget`."""
+        if limit < self.page:
+            return 0, []
+        m, slots = self.match(req.prompt, limit)
+        self.waiting[req.id] = (limit, m)
+        if m:
+            req.cached_tokens = m
+        return m, slots
+
+    def final(self, req) -> tuple[int, int] | None:
+        """The request's prompt K/V are final now: (reusable length, reused length) if it was
+        looked up and not yet shared, else None (it is then forgotten)."""
+        return self.waiting.pop(req.id, None)
+
+    def share(self, req, fields: dict[str, list[torch.Tensor]], row: int) -> None:
+        """The request's prompt K/V are final in row `row` of `fields` (columns from 0): its new
+        pages join."""
+        entry = self.final(req)
+        if entry is not None:
+            self.insert(req.prompt, entry[0], fields, row)
+
+    def forget(self, reqs: list) -> None:
+        """Requests leaving before their prompt's K/V were final."""
+        for req in reqs:
+            self.waiting.pop(req.id, None)
 
     def _chain(self, tokens: list[int], pages: int):
         parent = None
@@ -159,8 +199,8 @@ class PrefixStore:
         per_slot = sum(u.shape[1] * self.page * u.shape[3] * u.element_size() for layers in fields.values()
                        for u in layers)
         self.capacity = self.budget // per_slot
-        self.pools = {name: [u.new_zeros(0, u.shape[1], self.page, u.shape[3]) for u in layers]
-                      for name, layers in fields.items()}
+        for name, layers in fields.items():
+            self.slots.group(name, {i: u.new_zeros(0, u.shape[1], self.page, u.shape[3]) for i, u in enumerate(layers)})
 
     def _slot(self, keep: set, want: int = 1) -> int | None:
         """A free slot: an unused one, a new one (the pool grows by half, or by the `want` pages
@@ -168,11 +208,10 @@ class PrefixStore:
         page's (never one of `keep`, the chain being written)."""
         if self.free:
             return self.free.pop()
-        have = next(iter(self.pools.values()))[0].shape[0]
+        have = self.slots.slots
         if have < self.capacity:
             grow = min(max(have // 2, 16, want), self.capacity - have)
-            for name, layers in self.pools.items():
-                self.pools[name] = [torch.cat([u, u.new_zeros(grow, *u.shape[1:])]) for u in layers]
+            self.slots.reserve(have + grow, exact=True)
             self.free = list(range(have + grow - 1, have, -1))
             return have
         if not self.table:
@@ -187,5 +226,6 @@ class PrefixStore:
     def clear(self) -> None:
         self.table.clear()
         self.free.clear()
-        self.pools.clear()
+        self.slots.clear()
+        self.waiting.clear()
         self.capacity = None

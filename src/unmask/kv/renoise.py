@@ -18,29 +18,40 @@ from contextlib import contextmanager
 
 import torch
 
+from unmask.kv.slots import SlotStore
+
 
 class RenoiseKV:
-    """Row slots: the engine's cache keeps its tensors in a store with room for more rows and
-    more held slots than it has (`add_rows` takes free rows, `keep` moves only the rows a departure
-    displaces, `put` writes a row's slots in place); `k`, `v`, `pos`, `held`, `valid` are views of
-    the rows and widths in use. A cache built for one batch (the reference loop, training) or by
-    `select` is exactly its size."""
+    """Row slots: the engine's cache keeps its tensors in the slot store (kv/slots.py) with room
+    for more rows and more held slots than it has (`add_rows` takes free rows, `keep` moves only
+    the rows a departure displaces, `put` writes a row's slots in place); `k`, `v`, `pos`, `held`,
+    `valid` are views of the rows and widths in use. A cache built for one batch (the reference
+    loop, training) or by `select` is exactly its size."""
 
     def __init__(self, sliding: tuple[bool, ...], window: int, batch: int, device) -> None:
         self.sliding, self.window, self.device = tuple(sliding), window, device
         self.kinds = sorted(set(self.sliding))
-        self.n = batch  # rows in use
         self.width = {s: 0 for s in self.kinds}  # held-slot columns in use, per layer kind
-        self._k: list[torch.Tensor | None] = [None] * len(sliding)  # (rows, H, columns, D), rows/columns >= in use
-        self._v: list[torch.Tensor | None] = [None] * len(sliding)
-        self._pos = {s: torch.zeros(batch, 0, dtype=torch.long, device=device) for s in self.kinds}
-        self._held = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
-        self._valid = {s: torch.zeros(batch, 0, dtype=torch.bool, device=device) for s in self.kinds}
+        # per layer (rows, H, columns, D), rows / columns >= in use; per layer kind (rows, columns)
+        self.slots = SlotStore(batch)
+        self._k = self.slots.group("k", dict.fromkeys(range(len(sliding))))
+        self._v = self.slots.group("v", dict.fromkeys(range(len(sliding))))
+        self._pos = self.slots.group("pos", {s: torch.zeros(batch, 0, dtype=torch.long, device=device)
+                                             for s in self.kinds})
+        self._held = self.slots.group("held", {s: torch.zeros(batch, 0, dtype=torch.bool, device=device)
+                                               for s in self.kinds})
+        self._valid = self.slots.group("valid", {s: torch.zeros(batch, 0, dtype=torch.bool, device=device)
+                                                 for s in self.kinds})
         self._write = None  # while writing: per kind (mask, order, width, pos, held, valid)
         self.recorded: dict | None = None  # while writing with `record`: layer -> the pass's fresh (k, v)
         # while the held slots do not change (between encoder passes, not training): per layer the
         # denoiser's (keys, values, mask) buffers, held K/V then the canvas's, rewritten in place
         self._den: dict[int, tuple] = {}
+
+    @property
+    def n(self) -> int:
+        """Rows in use."""
+        return self.slots.n
 
     @property
     def batch(self) -> int:
@@ -170,8 +181,8 @@ class RenoiseKV:
         """A cache of the given rows (a copy of their tensors, exactly their size)."""
         out = RenoiseKV(self.sliding, self.window, rows.numel(), self.device)
         out.width = dict(self.width)
-        out._k = [None if t is None else t[rows] for t in self.k]
-        out._v = [None if t is None else t[rows] for t in self.v]
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            out._k[i], out._v[i] = (None, None) if k is None else (k[rows], v[rows])
         pos, held, valid = self.pos, self.held, self.valid
         for s in self.kinds:
             out._pos[s], out._held[s], out._valid[s] = pos[s][rows], held[s][rows], valid[s][rows]
@@ -183,7 +194,7 @@ class RenoiseKV:
         self._den.clear()
         for s in self.kinds:
             w = sub.width[s]
-            self._reserve(self._pos[s].shape[0], w, s)
+            self._reserve(w, s)
             self._pos[s][rows, :w], self._pos[s][rows, w:] = sub.pos[s], 0
             self._held[s][rows, :w], self._held[s][rows, w:] = sub.held[s], False
             self._valid[s][rows, :w], self._valid[s][rows, w:] = sub.valid[s], False
@@ -193,8 +204,8 @@ class RenoiseKV:
                 continue
             if self._k[i] is None:
                 C, T = self._pos[self.sliding[i]].shape
-                self._k[i] = sk.new_zeros(C, sk.shape[1], T, sk.shape[3])
-                self._v[i] = sv.new_zeros(C, sv.shape[1], T, sv.shape[3])
+                self._k[i] = sk.new_zeros(max(C, self.slots.slots), sk.shape[1], T, sk.shape[3])
+                self._v[i] = sv.new_zeros(max(C, self.slots.slots), sv.shape[1], T, sv.shape[3])
             self._k[i][rows, :, : sk.shape[2]], self._v[i][rows, :, : sv.shape[2]] = sk, sv
         self._trim()
 
@@ -202,12 +213,7 @@ class RenoiseKV:
         """Only these rows stay, row i being old row perm[i] (a finished request's row leaves).
         Only the rows that move are copied (engine/rows.py moves the last rows into freed ones)."""
         self._den.clear()
-        dst = (perm != torch.arange(perm.numel(), device=perm.device)).nonzero().squeeze(-1)
-        if dst.numel():
-            src = perm[dst]
-            for t in self._stores():
-                t[dst] = t[src]
-        self.n = perm.numel()
+        self.slots.keep(perm)
         if self.n == 0:  # the last row left: the store is freed
             self.__init__(self.sliding, self.window, 0, self.device)
             return
@@ -217,31 +223,19 @@ class RenoiseKV:
         """n empty rows at the end (requests joining): free rows of the store (it grows by half
         when full)."""
         self._den.clear()
-        C = self._pos[self.kinds[0]].shape[0]
-        if self.n + n > C:
-            for s in self.kinds:
-                self._reserve(max(self.n + n, C + C // 2), self._pos[s].shape[1], s)
-        new = slice(self.n, self.n + n)
-        for s in self.kinds:
-            self._pos[s][new], self._held[s][new], self._valid[s][new] = 0, False, False
-        self.n += n
+        self.slots.add(n)  # positions 0, neither held nor valid
 
-    def _stores(self) -> list[torch.Tensor]:
-        return [t for t in self._k + self._v if t is not None] + [
-            d[s] for d in (self._pos, self._held, self._valid) for s in self.kinds]
-
-    def _reserve(self, rows: int, cols: int, s: bool) -> None:
-        """Room for `rows` rows and `cols` held slots of layer kind `s` (grown by half, copied)."""
-        C, T = self._pos[s].shape
-        if rows <= C and cols <= T:
+    def _reserve(self, cols: int, s: bool) -> None:
+        """Room for `cols` held slots of layer kind `s` (grown by half, copied)."""
+        T = self._pos[s].shape[1]
+        if cols <= T:
             return
-        rows, cols = max(rows, C), cols if cols <= T else max(cols, T + T // 2)
-        self._pos[s] = _grow(self._pos[s], rows, cols, 0, 1)
-        self._held[s] = _grow(self._held[s], rows, cols, False, 1)
-        self._valid[s] = _grow(self._valid[s], rows, cols, False, 1)
-        for i, sl in enumerate(self.sliding):
-            if sl == s and self._k[i] is not None:
-                self._k[i], self._v[i] = _grow(self._k[i], rows, cols, 0.0, 2), _grow(self._v[i], rows, cols, 0.0, 2)
+        cols = max(cols, T + T // 2)
+        for name in ("pos", "held", "valid"):
+            self.slots.widen(name, 1, cols, keys=[s])
+        layers = [i for i, sl in enumerate(self.sliding) if sl == s]
+        self.slots.widen("k", 2, cols, keys=layers)
+        self.slots.widen("v", 2, cols, keys=layers)
 
     def _trim(self) -> None:
         """The widths in use: the most slots a row holds (no copy)."""
@@ -249,12 +243,3 @@ class RenoiseKV:
         for s in self.kinds:
             self.width[s] = int(held[s].sum(1).max()) if held[s].numel() else 0
 
-
-def _grow(t: torch.Tensor, rows: int, cols: int, fill, dim: int) -> torch.Tensor:
-    """`t` in a larger tensor of `rows` rows and `cols` columns along `dim` (the rest `fill`)."""
-    shape = list(t.shape)
-    shape[0], shape[dim] = rows, cols
-    out = t.new_full(shape, fill)
-    index = [slice(0, n) for n in t.shape]
-    out[tuple(index)] = t
-    return out
