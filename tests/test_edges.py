@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unmask import LLM, GenerationParams, UnmaskError
-from unmask.accept import RENOISE_FIELDS
+from unmask.engine.renoise import RENOISE_FIELDS
 from unmask.loading import EMBEDDED_ABOUT
 from unmask.models.registry import FAMILIES
 from unmask.params import PARAM_FIELDS

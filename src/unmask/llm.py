@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from unmask.accept import accept, refuse_unused_renoising
+from unmask.compat import COMPAT_MODES, get_mode
 from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
+from unmask.engine.accept import accept, refuse_unused
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
 from unmask import infill as infill_
@@ -33,7 +34,6 @@ from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
-from unmask.compat import COMPAT_MODES, get_mode
 from unmask.reference import run_reference
 from unmask.tokenizer import Tokenizer, resolve_token_ids
 
@@ -256,7 +256,7 @@ class LLM:
                 raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
                                   f"{self.arch.family} model is a renoising model (its own sampler, or compat "
                                   f"{sampler!r})", param="compat")
-            refuse_unused_renoising(given, self.arch)
+            refuse_unused(given, self.arch)
             given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
         elif isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
             get_mode(given["compat"]).check_family(self.arch.family)  # before its settings: a default may not fit it
@@ -264,7 +264,7 @@ class LLM:
                               block_size=self.arch.block_size, model_keys=keys, check=check)
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:
-        """`params` as this model runs them (unmask.accept), or an UnmaskError naming the problem."""
+        """`params` as this model runs them (unmask.engine.accept), or an UnmaskError naming the problem."""
         return accept(params, self.arch, given)
 
     def encode(self, prompts: str | list[str], chat: bool | None = None, unknown_words: str = "error") -> list[list[int]]:

@@ -280,7 +280,7 @@ def resolve_params(given: dict, model_defaults: dict | None = None, fast: bool =
     shape from the model (its reference defines the rest); so does `fast=False` (evaluation).
     `block_size`: the model's attention block, for a block-diffusion model. `model_keys`: fields
     always taken from the model's defaults (a renoising model's sampler settings). `check=False`:
-    the cross-field rules are left to the caller's `accept` (unmask.accept), which runs them once
+    the cross-field rules are left to the caller's `accept` (unmask.engine.accept), which runs them once
     for the model (each field is checked as it is built either way)."""
     given = {k: v for k, v in given.items() if v is not None}
     unknown = sorted(set(given) - set(PARAM_FIELDS))

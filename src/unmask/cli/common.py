@@ -190,7 +190,7 @@ def load_for_eval(a: argparse.Namespace):
 
 
 def params_for(llm, a: argparse.Namespace, fast: bool) -> GenerationParams:
-    """The decoding parameters for this model, accepted for it (unmask.accept: the flags given are
+    """The decoding parameters for this model, accepted for it (unmask.engine.accept: the flags given are
     what it checks an autoregressive model against)."""
     given = given_params(a)
     return llm.params_for(given, fast)

@@ -205,7 +205,6 @@ def diagnose_outputs(out: str) -> tuple:
     """`--out FILE`: the report as JSON at FILE, its two plots beside it (FILE with .png and
     .calibration.png for its suffix). A folder, a path inside a file or an unwritable place is an
     error before the decode starts."""
-    from pathlib import Path
 
     from unmask.files import output_file
 

@@ -14,7 +14,6 @@ from unmask.params import GenerationParams
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from unmask.bench.grid import (
         PRESETS,

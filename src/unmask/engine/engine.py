@@ -26,9 +26,9 @@ from typing import Protocol
 
 import torch
 
-from unmask.accept import accept
 from unmask.constrain import Constraint, GrammarVocab, RowGrammar
 from unmask.engine import masked, renoise, speculative  # noqa: F401  (the shipped row kinds register)
+from unmask.engine.accept import accept
 from unmask.engine.draws import Draws
 from unmask.engine.kind import ROW_KINDS, KindContext, Report, RowKind, kind_for
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
@@ -105,7 +105,7 @@ class Engine:
     def add_request(self, prompt: list[int], params: GenerationParams, request_id: str | None = None,
                     watch: bool = False, suffix: list[int] | None = None, fill: list[int] | None = None,
                     constraint: Constraint | RowGrammar | None = None, logprobs: int | None = None) -> Request:
-        """Queue a tokenised prompt. `params` are accepted for this model here (unmask.accept; a
+        """Queue a tokenised prompt. `params` are accepted for this model here (engine/accept.py; a
         reference mode is refused) and the prompt checked against them. A watched request's
         StepOutputs carry its whole canvas (the playground). `suffix`: fixed text after the
         generated hole of gen_length tokens (infilling; a full-attention model's rows only).

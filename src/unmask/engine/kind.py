@@ -147,6 +147,17 @@ class RowKind(Protocol):
     def takes(cls, arch, tokens) -> Takes:
         """The kind's request contract on a model of `arch` with `tokens` (see Takes)."""
 
+    @classmethod
+    def accept(cls, params, arch, given: frozenset | None, engine: bool) -> object:
+        """`params` (GenerationParams) as its rows on a model of `arch` run them, checked, or an
+        UnmaskError naming what they cannot take (engine/accept.py; `given`: the fields the
+        caller set, None: those that differ from the reference setting)."""
+
+    @classmethod
+    def refuse_unused(cls, given: dict, arch) -> None:
+        """Refuse, before the model's defaults fill them in, the given fields its rows would not use
+        (or nothing: `accept` refuses them)."""
+
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""
 

@@ -26,10 +26,13 @@ docs/real-models.md, "Reproducible tokens"), and so can a token where two were w
 
 import itertools
 import time
+from dataclasses import replace
 
 import torch
 
+from unmask.cache import CACHES
 from unmask.cache.base import Plan
+from unmask.compat import get_mode
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
@@ -40,8 +43,34 @@ from unmask.engine.postprocess import MaskedStats
 from unmask.engine.rows import RowState
 from unmask.engine.runner import ModelRunner
 from unmask.engine.work import Forward, StepWork, shape
+from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
-from unmask.params import setting_key
+from unmask.params import PARAM_FIELDS, RENOISE_KNOBS, SHAPE, GenerationParams, setting_key
+
+AR_FIELDS = ("gen_length", "temperature", "seed", "early_stop", "min_tokens")  # what an autoregressive model honours
+_REFERENCE = GenerationParams()
+_AR = {"policy": "fixed", "cache": "causal", "refresh_interval": None, "remasking": "low_confidence", "confidence": "prob"}
+_KIND_TEXT = {"full": "this model attends over the whole canvas",
+              "block": "this block-diffusion model's finished blocks are cached exactly",
+              "causal": "this causal model keeps an exact KV cache"}
+_SUITS_TEXT = {("block",): "is exact only for block-diffusion models (config bd_size)",
+               ("full",): "approximates a full-attention model's K/V",
+               ("causal",): "is a causal model's exact KV cache (the AR twin's)"}
+
+
+def accept_causal(params: GenerationParams, arch, given: frozenset | None) -> GenerationParams:
+    """An autoregressive model decodes one token per forward with its exact KV cache: it takes
+    AR_FIELDS; any other field set to something else than the reference setting is refused by
+    name (a knob it would ignore must not look honoured). Its parameters become blocks of one
+    token, the fixed schedule and cache "causal"."""
+    if given is None:  # what differs from the reference setting and from what this sets
+        given = frozenset(f for f in PARAM_FIELDS if f not in SHAPE and getattr(params, f) != getattr(_REFERENCE, f)
+                          and not (f in _AR and getattr(params, f) == _AR[f]))
+    wrong = sorted(given - set(AR_FIELDS))
+    if wrong:
+        raise UnmaskError(f"{', '.join(wrong)}: not used by an autoregressive model (it decodes one token per "
+                          f"forward with its KV cache); it takes {', '.join(AR_FIELDS)}", param=wrong[0])
+    return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
 
 
 @ROW_KINDS.register
@@ -55,6 +84,36 @@ class MaskedKind:
         """Every input; text after a hole and templates as the model's attention allows."""
         return Takes("autoregressive" if arch.causal else "masked", suffix=reads_after(arch, tokens),
                      template=several_holes(arch), fast=not arch.causal)
+
+    @classmethod
+    def accept(cls, params: GenerationParams, arch, given: frozenset | None, engine: bool) -> GenerationParams:
+        """Its rows' parameters (see engine/accept.py). An autoregressive model: `accept_causal`. A
+        block-diffusion model (config bd_size) runs blocks of bd_size positions: the rules of
+        GenerationParams.check(block_size), and a cache that suits a block model. A full-attention
+        model: GenerationParams.check() and a cache that suits it. A reference mode's family is
+        checked before its settings; a renoising sampler's knobs are refused by name."""
+        if arch.kind == "causal":
+            return accept_causal(params, arch, given)
+        if params.compat is not None:  # the mode's family before its settings
+            get_mode(params.compat).check_family(arch.family)
+        for name in RENOISE_KNOBS:
+            if getattr(params, name) is not None:
+                raise UnmaskError(f"{name} {getattr(params, name)} is a setting of a renoising model's sampler "
+                                  f"(DiffusionGemma); this {arch.family} model is a masked diffusion model", param=name)
+        if engine and params.compat is not None:
+            raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
+        p = params.check(arch.block_size)
+        if p.compat is None:
+            cache = CACHES.lookup(p.cache, UnmaskError)
+            if arch.kind not in cache.suits:
+                fits = ", ".join(n for n, c in CACHES.items() if arch.kind in c.suits)
+                raise UnmaskError(f"cache {p.cache!r} {_SUITS_TEXT.get(cache.suits, 'does not suit this model')}; "
+                                  f"{_KIND_TEXT[arch.kind]}: use {fits}")
+        return p
+
+    @classmethod
+    def refuse_unused(cls, given: dict, arch) -> None:
+        """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens

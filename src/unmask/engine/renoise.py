@@ -31,11 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
+from unmask.compat import get_mode
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
 from unmask.engine.rows import Rows, per_row
+from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
 from unmask.kv.renoise import RenoiseKV
-from unmask.params import RENOISE_COMPAT
+from unmask.params import PARAM_FIELDS, RENOISE_COMPAT, RENOISE_KNOBS, GenerationParams
 from unmask.sampler.logprobs import token_logprobs
 from unmask.sampler.renoise import accept_mask, categorical_entropy
 from unmask.sampler.stops import first_stop_index
@@ -88,6 +90,15 @@ class RenoiseRows(Rows):
         return perm
 
 
+# what a renoising model's sampler reads (DiffusionGemma's generate: whole canvases, its own schedule);
+# policy "entropy" and temperature 0 are what it runs, so they may be named too
+RENOISE_FIELDS = ("gen_length", "seed", "gamma", "compat", *RENOISE_KNOBS)
+_RENOISE_SAME = {"policy": "entropy", "temperature": 0.0}
+_RENOISE_HINT = {"temperature": " (its temperature falls from t_max to t_min)",
+                 "steps": " (use max_denoising_steps, per canvas)"}
+_REFERENCE = GenerationParams()
+
+
 @ROW_KINDS.register
 class RenoiseKind:
     name = "renoise"
@@ -101,6 +112,38 @@ class RenoiseKind:
         return Takes("renoising", suffix=reads_after(arch, tokens), template=several_holes(arch),
                      constraint="a renoising model rewrites its whole canvas each step; structured output is not "
                                 "supported for renoising rows", fast=False, sampler=RENOISE_COMPAT)
+
+    @classmethod
+    def refuse_unused(cls, given: dict, arch) -> None:
+        """An UnmaskError naming the fields its sampler would not use (None: not given)."""
+        wrong = sorted(f for f, v in given.items() if v is not None and f not in RENOISE_FIELDS
+                       and v != _RENOISE_SAME.get(f, object()))
+        if wrong:
+            shown = ", ".join(f"{f} {given[f]!r}" for f in wrong)
+            raise UnmaskError(f"{shown}: not used by a renoising model{_RENOISE_HINT.get(wrong[0], '')}; this "
+                              f"{arch.family} model rewrites whole canvases with its own sampler and takes "
+                              f"{', '.join(RENOISE_FIELDS)}", param=wrong[0])
+
+    @classmethod
+    def accept(cls, params: GenerationParams, arch, given: frozenset | None, engine: bool) -> GenerationParams:
+        """A renoising model (DiffusionGemma) runs its own sampler, natively (the engine) or as its
+        reference's batch (compat diffusion-gemma): the same settings, checked by that mode, its
+        defaults filled in; masked-diffusion settings (a policy, blocks, a cache...) are refused by
+        name, given or not different from the reference setting."""
+        if params.compat not in (None, RENOISE_COMPAT):
+            raise UnmaskError(f"compat {params.compat!r} reproduces a masked diffusion sampler; this {arch.family} "
+                              f"model is a renoising model (its own sampler, or compat {RENOISE_COMPAT!r})",
+                              param="compat")
+        if given is None:  # what differs from the reference setting (a canvas-wide block is the canvas)
+            given = frozenset(f for f in PARAM_FIELDS if getattr(params, f) != getattr(_REFERENCE, f)
+                              and f not in ("gen_length", "steps")
+                              and not (f == "block_length" and params.block_length == params.gen_length))
+        cls.refuse_unused({f: getattr(params, f) for f in given}, arch)
+        if engine and params.compat is not None:
+            raise UnmaskError(f"compat {params.compat!r} runs as its own batch (LLM.generate), not in the engine")
+        # its sampler's rules are its reference's; natively they refuse in the model's name
+        subject = None if params.compat is not None else f"this renoising {arch.family} model does not take"
+        return params.check(mode=get_mode(RENOISE_COMPAT), subject=subject)
 
     def __init__(self, ctx: KindContext) -> None:
         self.model, self.tokens, self.device, self.draws = ctx.model, ctx.tokens, ctx.device, ctx.draws

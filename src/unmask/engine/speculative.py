@@ -37,6 +37,7 @@ import torch
 
 from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
 from unmask.engine.logprobs import Logprobs
+from unmask.engine.masked import accept_causal
 from unmask.engine.rows import Rows, per_row
 from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
@@ -101,6 +102,15 @@ class SpecKind:
         output on greedy rows only (RowGrammar.verify checks the drafter's tokens greedily)."""
         return Takes("autoregressive", suffix=reads_after(arch, tokens), template=several_holes(arch), fast=False,
                      sampled_constraint="structured output on speculative rows is greedy: temperature must be 0")
+
+    @classmethod
+    def accept(cls, params, arch, given: frozenset | None, engine: bool):
+        """The target's: an autoregressive model's parameters (engine/masked.py `accept_causal`)."""
+        return accept_causal(params, arch, given)
+
+    @classmethod
+    def refuse_unused(cls, given: dict, arch) -> None:
+        """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
 
     def __init__(self, ctx: KindContext) -> None:
         if ctx.drafter is None:

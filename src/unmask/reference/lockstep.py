@@ -144,6 +144,6 @@ class _Decoder:
 def decode_reference(model: DiffusionLM, tokens: TokenIds, prompts: list[list[int]], params: GenerationParams,
                      suffixes: list[list[int]] | None = None) -> Decoded:
     """Decode a batch of tokenised prompts as the reference of `params.compat` does (params
-    accepted: unmask.accept); with `suffixes`, on the canvas prompt + masks + suffix, as the
+    accepted: unmask.engine.accept); with `suffixes`, on the canvas prompt + masks + suffix, as the
     reference decodes whatever canvas it is given (infilling)."""
     return _Decoder(model, tokens, prompts, params, suffixes).run()

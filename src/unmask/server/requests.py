@@ -38,7 +38,7 @@ def encode(llm: LLM, text: str, chat: bool) -> list[int]:
 
 def params_for(llm: LLM, body, ids: list[int], check: bool = True) -> GenerationParams:
     """The request's fields, then the model's defaults, then the fast defaults (not for an
-    autoregressive model), accepted for this model (unmask.accept): a 400 names what is wrong.
+    autoregressive model), accepted for this model (unmask.engine.accept): a 400 names what is wrong.
     `check`: the prompt ids against them (a template's are checked by `infill`)."""
     fields = body.generation_fields()
     try:
