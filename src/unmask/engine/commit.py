@@ -32,6 +32,9 @@ class Committer:
         """`tp`: the model's tensor-parallel group; the logits are then this rank's vocabulary slice."""
         self.rows, self.parts, self.mask, self.draws = rows, parts, mask_id, draws
         self.tp, self.vocab = tp, vocab
+        # watched rows (the playground): row -> {answer position: the token proposed there}, this
+        # step's last forward; the step's report takes them (postprocess.report)
+        self.shown: dict[int, dict[int, int]] = {}
 
     def commit(self, idx: torch.Tensor, logits: torch.Tensor, s: torch.Tensor, W: int, verify: bool,
                watching: bool, lock: torch.Tensor | None = None) -> Committed:
@@ -140,9 +143,8 @@ class Committer:
         open_ = still_open[watched].tolist()
         props, where = tokens[watched].tolist(), (cols[watched] - s[idx[watched], None]).tolist()
         for k, i in enumerate(watched):
-            req = r.reqs[int(idx[i])]
             base = int(s[idx[i]]) - int(r.P[idx[i]])
-            req.proposal = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
+            self.shown[int(idx[i])] = {base + w: t for w, t, o in zip(where[k], props[k], open_[k]) if o}
 
     def _propose(self, parts: DecodeParts, idx: torch.Tensor, logits: torch.Tensor):
         """Proposals for rows of one setting in one batched call, except that a row with its own

@@ -251,7 +251,7 @@ class Engine:
                 req.first_commit = req.first_commit or now
             req.committed = max(req.committed, report.committed[k])
             view = report.views.get(i)
-            out = StepOutput(req, report.committed[k], new_ids, report.done[k], *(view or (None, None)),
+            out = StepOutput(req, report.committed[k], new_ids, report.done[k], *(view or (None, None, None)),
                              stats=report.stats[k], forwards=report.forwards[k], tokens=sum(report.commits[k]),
                              logprobs=_top(report.logprobs.get(i), req.logprobs))
             outputs.append(out)

@@ -69,8 +69,9 @@ class Report:
     stats: list[Stats] = field(default_factory=list)
     # finished rows: the whole generated region (up to gen_length; MASK where never committed)
     answers: dict[int, list[int]] = field(default_factory=dict)
-    # watched rows (the playground): the canvas to show and, for a renoising row, each position's state
-    views: dict[int, tuple[list[int], list[str] | None]] = field(default_factory=dict)
+    # watched rows (the playground): the canvas to show, for a renoising row each position's state,
+    # for a masked row what each open position would become this step (answer position -> token)
+    views: dict[int, tuple[list[int], list[str] | None, dict[int, int] | None]] = field(default_factory=dict)
     records: list[ForwardRecord] = field(default_factory=list)
     # rows whose request asked for logprobs: one (logprob, [(id, logprob)] of the most likely) per new id
     logprobs: dict[int, list] = field(default_factory=dict)

@@ -241,7 +241,8 @@ class MaskedKind:
         sizes = torch.cat([ahead[1].cost.sum()[None], shape(self.rows, ahead[1], None)])
         flat = torch.cat([settled, sizes]).tolist()  # the step's one read
         self._ahead, self._sizes = ahead, flat[settled.numel():]
-        report = postprocess.report(self.rows, work, flat[:settled.numel()])
+        report = postprocess.report(self.rows, work, flat[:settled.numel()], self.committer.shown)
+        self.committer.shown = {}
         self.logprobs.attach(report)
         if self.prefix is not None and self.prefix.waiting:
             self._share(report)

@@ -57,8 +57,9 @@ def settle(rows: RowState, work: StepWork) -> torch.Tensor:
     return torch.cat([torch.cat([info, block], 1).flatten(), w.counts().flatten()])
 
 
-def report(rows: RowState, work: StepWork, flat: list[int]) -> Report:
-    """The step's Report from `settle`'s values as read (host ints)."""
+def report(rows: RowState, work: StepWork, flat: list[int], shown: dict | None = None) -> Report:
+    """The step's Report from `settle`'s values as read (host ints); `shown`: watched rows'
+    proposals this step (engine/commit.py Committer.shown)."""
     r, W = rows, work.W
     width = 10 + W
     info = [flat[i * width : (i + 1) * width] for i in range(r.n)]
@@ -85,7 +86,7 @@ def report(rows: RowState, work: StepWork, flat: list[int]) -> Report:
         # a doubted cached step ran twice: its window, then its recomputation
         out.row(i, pre, new_ids, 1 + again, [0, n] if again else [n], bool(fin), MaskedStats(ckv, ed, rm))
         if req.watch:
-            out.views[i] = (row[P : P + req.params.gen_length], None)
+            out.views[i] = (row[P : P + req.params.gen_length], None, (shown or {}).get(i, {}))
         if fin:
             out.answers[i] = row[P : P + req.params.gen_length]
     return out

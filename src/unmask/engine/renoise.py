@@ -338,7 +338,7 @@ class RenoiseKind:
                 report.logprobs[i] = self._logprobs(i, len(committed) - before, req.logprobs)
             r.nfe[i] = 0
             if req.watch:
-                report.views[i] = (r.answers[i], ["committed"] * len(r.answers[i]))
+                report.views[i] = (r.answers[i], ["committed"] * len(r.answers[i]), None)
             if finished:
                 report.answers[i] = r.answers[i]
             else:
@@ -349,7 +349,8 @@ class RenoiseKind:
             for i, req in enumerate(r.reqs):
                 if req.watch and i not in report.views:
                     done = ["committed"] * len(r.answers[i])
-                    report.views[i] = (r.answers[i] + r.argmax[i].tolist(), done + [names[c] for c in r.cells[i].tolist()])
+                    report.views[i] = (r.answers[i] + r.argmax[i].tolist(), done + [names[c] for c in r.cells[i].tolist()],
+                                       None)
 
 
 def _text(answer: list[int], stop: set) -> list[int]:

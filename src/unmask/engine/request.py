@@ -75,7 +75,6 @@ class Request:
     # logprobs (engine/logprobs.py): None, or how many most likely tokens to report beside each chosen one
     logprobs: int | None = None
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (kv/prefix.py)
-    proposal: dict[int, int] = field(default_factory=dict)  # answer position -> proposed token, last step (masked rows)
 
     def counters(self) -> dict:
         """Its row kind's counters by name (empty before it was added), and its grammar's."""
@@ -102,6 +101,8 @@ class StepOutput:
     # canvas), or in the running canvas (whose argmax `canvas` shows) "stable" (argmax unchanged
     # this step), "accepted" (changed, and accepted by the sampler) or "renoised" (changed, renoised)
     states: list[str] | None = None
+    # watched masked rows: what each open answer position would become this step (position -> token)
+    proposal: dict[int, int] | None = None
     stats: Stats | None = None  # the row kind's counters of this step (e.g. speculative rows' drafted, accepted)
     forwards: int = 0  # forwards of the model the request took part in during this step
     tokens: int = 0  # tokens it committed in them

@@ -377,6 +377,6 @@ class SpecKind:
                 if fin:
                     report.answers[i] = answer
                 if r.reqs[i].watch:  # the playground: the whole answer so far (every token of it is final)
-                    report.views[i] = (answer, None)
+                    report.views[i] = (answer, None, None)
         if verify is not None:
             verify.committed = total - (pre.rows if pre is not None else 0)

@@ -56,7 +56,7 @@ def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationPara
                 step += 1
                 committed_total += item.request.commits[-1] if item.request.commits else 0
                 text.add(item.new_ids)
-                shown = (cells(item.canvas or [], item.request.proposal) if item.states is None else
+                shown = (cells(item.canvas or [], item.proposal or {}) if item.states is None else
                          [{"state": st, "text": piece(t)} for t, st in zip(item.canvas, item.states)])
                 yield sse({"type": "step", "step": step, "nfe": item.request.nfe,
                            "cells": shown, "committed": item.committed,
