@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from unmask import checkpoint
+from unmask.checkpoint import one_process_draft
 from unmask.compat import COMPAT_MODES, get_mode
 from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
@@ -23,27 +25,18 @@ from unmask import holes as holes_
 from unmask import infill as infill_
 from unmask.inputs import check_prompts, check_suffix, encode, prompt_ids, suffix_ids
 from unmask.layers.dispatch import default_numerics
-from unmask.loading import EMBEDDED, check_device, check_token_ids, default_device, resolve_model_path
+from unmask.loading import EMBEDDED, check_device, default_device, resolve_model_path
 from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
-from unmask.models.gguf import GGUFFile, is_gguf
-from unmask.models.loader import (DTYPES, check_linear_kernel, check_quantize, check_split, load_model,
-                                  read_json, resolve_dtype)
-from unmask.models.registry import resolve_family
+from unmask.models.loader import check_linear_kernel, check_split, resolve_dtype
 from unmask.outputs import BatchOutput, GenerationResult, result_of
 from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
 from unmask.params import (MODEL_DEFAULT_KEYS, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
 from unmask.reference import run_reference
-from unmask.tokenizer import Tokenizer, resolve_token_ids
+from unmask.tokenizer import Tokenizer
 
 __all__ = ["LLM", "BatchOutput", "GenerationResult", "EMBEDDED", "default_device", "resolve_model_path"]
-
-
-def _one_process_draft(world: int) -> None:
-    if world > 1:
-        raise UnmaskError("draft: speculative decoding runs in one process; it does not combine with "
-                          f"tensor_parallel {world}", param="draft")
 
 
 class LLM:
@@ -72,7 +65,7 @@ class LLM:
         self.drafter, self.draft_path = None, None
         if draft is not None:
             self.draft_path = resolve_model_path(draft)
-            _one_process_draft(check_world(tensor_parallel))
+            one_process_draft(check_world(tensor_parallel))
         if dtype is not None and not isinstance(dtype, str):
             raise UnmaskError(f"dtype {dtype!r} must be a name: auto, float32, bfloat16 or float16")
         device = check_device(device)
@@ -99,45 +92,9 @@ class LLM:
     def check_args(model=None, dtype: str | None = None, device: str = "cpu", tensor_parallel: int = 1,
                    draft=None, quantize: str | None = None, linear_kernel: str | None = None) -> Path:
         """What LLM(...) with these arguments checks before it loads anything, without loading
-        (for processes that load elsewhere: Ray Serve replicas, Ray Data actors); the device is
-        checked by name only, since it is another machine's. Returns the model folder."""
-        path = resolve_model_path(model)
-        if is_gguf(path):  # a GGUF file: its settings as the release's config (unmask.models.gguf)
-            cfg = GGUFFile(path).config()
-        elif not path.is_dir():
-            raise UnmaskError(f"model folder {path} does not exist", param="model")
-        else:
-            cfg = read_json(path / "config.json")
-        resolve_family(cfg)
-        check_linear_kernel(linear_kernel)
-        world = check_world(tensor_parallel)
-        if draft is not None:
-            draft_path = resolve_model_path(draft)
-            if not (draft_path / "config.json").is_file():
-                raise UnmaskError(f"draft folder {draft_path} has no config.json", param="draft")
-            _one_process_draft(world)
-        if dtype is not None and dtype != "auto" and dtype not in DTYPES:
-            raise UnmaskError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}", param="dtype")
-        if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda", "mps"):
-            raise UnmaskError(f"device {device!r} is not supported; use cpu or cuda", param="device")
-        if quantize is not None:
-            torch_device = "cpu" if device.startswith("cpu") else None
-            if torch_device is not None:  # a GPU's quantization is checked where the GPU is
-                check_quantize(quantize, torch_device, resolve_dtype(dtype, check_device("cpu")))
-            elif quantize not in ("int8", "fp8"):
-                raise UnmaskError(f"quantize {quantize!r} on {device}: choose int8 or fp8 (int4 runs on CPU)",
-                                  param="quantize")
-        if world > 1:
-            check_split(path, world)
-        return path
-
-    def _load_drafter(self, dtype: str | None, device) -> None:
-        from unmask.models.dflash import check_pair
-        from unmask.models.loader import load_drafter
-
-        self.drafter, _ = load_drafter(self.draft_path, dtype=dtype, device=device,
-                                       linear_kernel=getattr(self, "linear_kernel", None))
-        check_pair(self.drafter.config, self.arch, str(self.draft_path))
+        (for processes that load elsewhere: Ray Serve replicas, Ray Data actors; unmask.checkpoint).
+        Returns the model folder."""
+        return checkpoint.check_args(model, dtype, device, tensor_parallel, draft, quantize, linear_kernel)
 
     @classmethod
     def _shard(cls, tp, path: str, dtype: str | None, device, quantize: str | None = None,
@@ -150,58 +107,16 @@ class LLM:
         return llm
 
     def _load(self, dtype: str | None, device, tp) -> None:
-        self.model, self.config = load_model(self.path, dtype=dtype, device=device, tp=tp, quantize=self.quantize,
-                                              linear_kernel=self.linear_kernel)
-        gen_path = self.path / "generation_config.json"
-        self.generation_config = read_json(gen_path) if gen_path.exists() else {}
-        if not isinstance(self.generation_config, dict):
-            raise CheckpointError(f"{gen_path} must hold a JSON object")
-        family = resolve_family(self.config)
-        if is_gguf(self.path):  # the tokenizer the file holds (unmask.models.gguf)
-            self.tokenizer = Tokenizer(*GGUFFile(self.path).tokenizer())
-        else:
-            self.tokenizer = Tokenizer.from_dir(self._tokenizer_dir(family))
-        if self.arch.family == "a2d":  # rendered as dllm renders it
-            from unmask.models.a2d import TEMPLATE_VARS
-
-            self.tokenizer.template_vars = dict(TEMPLATE_VARS)
-        if getattr(self, "draft_path", None) is not None:
-            self._load_drafter(dtype, device)
-        draft_mask = None if getattr(self, "drafter", None) is None else self.drafter.config.mask_token_id
-        causal = self.arch.kind == "causal"
-        implied = family.token_defaults(self.config) if family.token_defaults is not None else {}
-        self.token_ids: TokenIds = resolve_token_ids({**implied, **self.config}, self.generation_config, self.tokenizer,
-                                                     needs_mask=not causal and self.arch.kind != "renoise"
-                                                     and draft_mask is None)
-        if self.token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
-            self.token_ids = replace(self.token_ids, mask=draft_mask)
-        elif self.token_ids.mask is None and causal:  # an AR model's canvas needs a placeholder it never writes
-            self.token_ids = replace(self.token_ids, mask=self._spare_id())
-        check_token_ids(self.token_ids, self.arch.vocab_size, self.path)
-        try:  # the decoding settings a checkpoint recommends must themselves be valid
+        """The checkpoint opened (unmask.checkpoint), then the decoding settings it recommends
+        checked: they must themselves be valid."""
+        o = checkpoint.open_checkpoint(self.path, dtype, device, tp, self.quantize, self.linear_kernel,
+                                       getattr(self, "draft_path", None))
+        self.model, self.config, self.generation_config = o.model, o.config, o.generation_config
+        self.tokenizer, self.token_ids, self.drafter = o.tokenizer, o.token_ids, o.drafter
+        try:
             check_fields(self.generation_defaults)
         except UnmaskError as e:
-            raise CheckpointError(f"{gen_path}: {e}") from None
-
-    def _tokenizer_dir(self, family) -> Path:
-        """The model folder, or for a release that ships no tokenizer files (MDLM / BD3-LM) the
-        tokenizer it was trained with, through the Hub cache (unmask.hub.download_tokenizer)."""
-        has = (self.path / "tokenizer.json").exists() or (self.path / "vocab.json").exists()
-        if has or family.tokenizer_from is None:
-            return self.path
-        from unmask.hub import download_tokenizer
-
-        return download_tokenizer(family.tokenizer_from, str(self.path))
-
-    def _spare_id(self) -> int:
-        """An id of the embedding that no token of the tokenizer has (Qwen's padding rows): the
-        placeholder of an autoregressive model's not-yet-written positions, which the proposal
-        never picks. A model whose tokenizer fills its whole vocabulary is refused by name."""
-        spare = max(self.tokenizer.tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
-        if spare >= self.arch.vocab_size:
-            raise CheckpointError(f"{self.path}: no mask token, and the tokenizer uses every id of the model's "
-                                  f"vocabulary of {self.arch.vocab_size}: unmask needs one id the model never writes")
-        return spare
+            raise CheckpointError(f"{self.path / 'generation_config.json'}: {e}") from None
 
     @classmethod
     def from_parts(cls, model, tokenizer: Tokenizer, token_ids: TokenIds, drafter=None) -> "LLM":

@@ -155,6 +155,11 @@ class RowKind(Protocol):
         caller set, None: those that differ from the reference setting)."""
 
     @classmethod
+    def needs_mask(cls, arch) -> bool:
+        """Whether its rows on a model of `arch` need the checkpoint to name a mask token (a
+        loader refuses a checkpoint without one; an autoregressive model's rows get a spare id)."""
+
+    @classmethod
     def refuse_unused(cls, given: dict, arch) -> None:
         """Refuse, before the model's defaults fill them in, the given fields its rows would not use
         (or nothing: `accept` refuses them)."""

@@ -112,6 +112,12 @@ class MaskedKind:
         return p
 
     @classmethod
+    def needs_mask(cls, arch) -> bool:
+        """A diffusion model's canvas starts as its mask token; an autoregressive twin's placeholder
+        may be any id it never writes."""
+        return not arch.causal
+
+    @classmethod
     def refuse_unused(cls, given: dict, arch) -> None:
         """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
 

@@ -114,6 +114,11 @@ class RenoiseKind:
                                 "supported for renoising rows", fast=False, sampler=RENOISE_COMPAT)
 
     @classmethod
+    def needs_mask(cls, arch) -> bool:
+        """Canvases start as random tokens: no mask token."""
+        return False
+
+    @classmethod
     def refuse_unused(cls, given: dict, arch) -> None:
         """An UnmaskError naming the fields its sampler would not use (None: not given)."""
         wrong = sorted(f for f, v in given.items() if v is not None and f not in RENOISE_FIELDS

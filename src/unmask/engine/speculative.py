@@ -109,6 +109,11 @@ class SpecKind:
         return accept_causal(params, arch, given)
 
     @classmethod
+    def needs_mask(cls, arch) -> bool:
+        """The drafter's block placeholder: the drafter's mask token (or any id the target never writes)."""
+        return False
+
+    @classmethod
     def refuse_unused(cls, given: dict, arch) -> None:
         """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
 
