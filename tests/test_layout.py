@@ -8,7 +8,7 @@ import unmask
 ROOT = Path(unmask.__file__).parent
 # higher imports lower; equal ranks may not import each other
 RANK = {"layers": 0, "models": 1, "kv": 2, "tokenizer": 2, "sampler": 2, "cache": 2, "loading": 2, "canvas": 3, "compat": 3, "constrain": 3,
-        "params": 4, "accept": 5, "inputs": 5, "holes": 5, "engine": 6, "parallel": 6, "reference": 6, "outputs": 6, "infill": 6.5, "llm": 7, "evaluate": 8,
+        "params": 4, "inputs": 5, "holes": 5, "engine": 6, "parallel": 6, "reference": 6, "outputs": 6, "infill": 6.5, "checkpoint": 6.5, "llm": 7, "evaluate": 8,
         "bench": 9, "train": 9, "server": 9, "cli": 10}
 # import nothing of unmask but errors; anyone may use them
 LEAVES = {"errors", "progress", "tasks", "files", "registry", "trace", "cluster", "knobs", "hub"}
