@@ -31,7 +31,8 @@ from unmask.bench.runner import context  # noqa: E402
 from unmask.engine import Engine, EngineConfig  # noqa: E402
 from unmask.files import writable_folder, write_json_atomic  # noqa: E402
 from unmask.models.base import TokenIds  # noqa: E402
-from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch  # noqa: E402
+from unmask.models.diffusion_gemma import DiffusionGemmaModel  # noqa: E402
+from unmask.models.diffusion_gemma_config import diffusion_gemma_arch  # noqa: E402
 from unmask.params import GenerationParams  # noqa: E402
 
 SHAPES = {

@@ -296,7 +296,7 @@ def renoise_shape(name: str):
     """DiffusionGemma 26B-A4B: the Gemma 4 26B-A4B text stack (its published config: 30 layers of
     hidden 2816, 16 heads, 8 key/value heads of 256 on sliding layers and 2 of 512 on every sixth
     (full) layer, window 1024, dense MLP 2112 beside 128 experts of 704, top 8, vocabulary 262144)."""
-    from unmask.models.diffusion_gemma import diffusion_gemma_arch
+    from unmask.models.diffusion_gemma_config import diffusion_gemma_arch
 
     assert name == "diffusiongemma-26b-a4b"
     return diffusion_gemma_arch({"canvas_length": 256, "text_config": {

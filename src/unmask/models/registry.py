@@ -9,7 +9,8 @@ from unmask.errors import CheckpointError
 from unmask.models.a2d import ARCHITECTURES as A2D_ARCHITECTURES, BASES as A2D_TYPES, a2d_arch, released as a2d_released
 from unmask.models.base import ArchConfig, DiffusionLM
 from unmask.models.blockdiff import fast_dllm_v2_arch, qwen2_arch, qwen2_released, qwen3_arch, sdar_arch
-from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch, skipped_key
+from unmask.models.diffusion_gemma import DiffusionGemmaModel, skipped_key
+from unmask.models.diffusion_gemma_config import diffusion_gemma_arch
 from unmask.models.dit import TOKENIZER_FROM as DIT_TOKENIZER, DiTModel, dit_arch, skipped_key as dit_skipped, \
     token_defaults as dit_token_defaults
 from unmask.models.dream import dream_arch

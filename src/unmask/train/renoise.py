@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from unmask.kv.renoise import RenoiseKV
 from unmask.errors import UnmaskError
 from unmask.models.base import TokenIds
-from unmask.models.diffusion_gemma import DiffusionGemmaModel, diffusion_gemma_arch
+from unmask.models.diffusion_gemma import DiffusionGemmaModel
+from unmask.models.diffusion_gemma_config import diffusion_gemma_arch
 from unmask.train.data import SPECIALS, Batch
 
 WINDOW = 4096  # longer than any sequence of the task suite: the sliding layers attend fully
