@@ -30,7 +30,8 @@ from unmask.server.completion import Completion
 from unmask.server.fim import LlamaInfill, empty_infill
 from unmask.server.metrics import prometheus
 from unmask.server.openai import APIError, error_response
-from unmask.server.protocol import ChatRequest, CompletionRequest, ResponsesRequest
+from unmask.server.protocol import ChatRequest, CompletionRequest
+from unmask.server.protocol_responses import ResponsesRequest
 from unmask.server.protocol_infill import FimRequest, LlamaInfillRequest
 from unmask.inputs import check_prompts, check_suffix
 from unmask.server.requests import (check_model, check_text, encode, grammar_for, infill, logprobs_for, params_for,

@@ -1,5 +1,5 @@
 """POST /v1/responses: OpenAI's Responses API for text, over the same engine requests as a chat
-completion (protocol.py ResponsesRequest.as_chat; one choice). The answer is a `response` object
+completion (protocol_responses.py ResponsesRequest.as_chat; one choice). The answer is a `response` object
 with one assistant message whose content is one `output_text` part; its status is "completed",
 or "incomplete" with reason max_output_tokens when the canvas filled before an end of text. A
 stream sends the typed events OpenAI sends — response.created, response.in_progress,
