@@ -177,7 +177,7 @@ def test_bad_tp_timeout_is_named_before_processes_start(capsys, monkeypatch):
             "--tensor-parallel", "2")
     monkeypatch.setenv("UNMASK_TP_TIMEOUT", "-5")
     refused(capsys, "UNMASK_TP_TIMEOUT '-5'", "generate", "copy : red 4 owl", "--tensor-parallel", "2")
-    import unmask.parallel as par
+    import unmask.parallel.group as par
 
     assert not par._ACTIVE or par._ACTIVE[-1].closed  # no group was started
 

@@ -30,7 +30,7 @@ from unmask.models.base import TokenIds
 from unmask.models.blockdiff import RELEASED_DEFAULTS
 from unmask.models.loader import check_linear_kernel, check_split, resolve_dtype
 from unmask.outputs import BatchOutput, GenerationResult, result_of
-from unmask.parallel import LockstepEngine, Ranks, check_world, rank_device, run_spmd
+from unmask.parallel import LockstepEngine, check_world, rank_device, run_spmd, start_ranks
 from unmask.params import (MODEL_DEFAULT_KEYS, GenerationParams, check_fields, renoise_defaults,
                            resolve_params)
 from unmask.reference import run_reference
@@ -75,8 +75,8 @@ class LLM:
         self.ranks = None
         if check_world(tensor_parallel) > 1:
             check_split(self.path, tensor_parallel)  # before any process starts
-            self.ranks = Ranks.start(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device, quantize,
-                                                                 self.linear_kernel))
+            self.ranks = start_ranks(tensor_parallel, device, (LLM._shard, str(self.path), dtype, device, quantize,
+                                                               self.linear_kernel))
             error = None
             try:
                 self._load(dtype, rank_device(device, 0), self.ranks.tp)

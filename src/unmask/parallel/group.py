@@ -1,34 +1,12 @@
-"""Tensor parallelism's processes: N ranks on torch.distributed, stepping in lockstep.
-
-Rank 0 is the caller's process: it owns the requests (the front end, the scheduler's queue, the
-server) and, before each unit of work, broadcasts what the other ranks must do: the requests
-added, aborted and released since the last step, then "step" (or a whole offline `generate`),
-with rank 0's random-number state, so that every rank makes the same decisions with the same
-draws. Every rank then runs the same engine step over its shard of the model: the forwards'
-collectives (all-reduce after row-parallel layers and experts, vocabulary statistics in the
-sampler) keep the shards in agreement, and only rank 0's outputs are used. Nothing here routes
-requests or calls procedures over the network: the only channel is torch.distributed's
-broadcast, and the engine itself is the single-process engine.
-
-Two ways to start the ranks:
-- by unmask (`LLM(..., tensor_parallel=N)`, `unmask generate/serve --tensor-parallel N`): rank 0
-  spawns N - 1 worker processes on this machine, which join over a loopback TCP store, as vLLM's
-  multiprocessing executor does;
-- by torchrun (`torchrun --nproc-per-node N -m unmask generate ... --tensor-parallel N`): every
-  process builds the LLM; ranks other than 0 serve rank 0 and exit when it closes.
-
-A rank that dies ends the job: the surviving ranks' collectives fail (gloo and NCCL notice the
-closed connection, a timeout is the backstop) and rank 0 raises a TensorParallelError naming the
-rank, instead of waiting forever. The group cannot continue with a rank missing.
-"""
+"""Tensor parallelism's process group (unmask.parallel): its ranks started (spawned on this
+machine, or joined under torchrun), the command broadcast from rank 0, a dead rank found and
+named, the shutdown. What the commands are and how the other ranks replay them is lockstep.py."""
 
 import atexit
 import math
 import os
 import socket
 import threading
-import traceback
-import weakref
 from datetime import timedelta
 
 import torch
@@ -103,8 +81,9 @@ class Ranks:
         self._engines = 0
 
     @classmethod
-    def start(cls, world: int, device: torch.device, worker_args: tuple) -> "Ranks":
-        """Start (or, under torchrun, join) the group; rank 0 returns, the others never do."""
+    def start(cls, world: int, device: torch.device, worker_args: tuple, serve) -> "Ranks":
+        """Start (or, under torchrun, join) the group; rank 0 returns, the others never do: they run
+        `serve(rank, world, device, worker_args)` (unmask.parallel.lockstep.serve) until rank 0 closes."""
         if _ACTIVE and not _ACTIVE[-1].closed:
             raise UnmaskError("a tensor-parallel model is already running in this process; close it first "
                               "(LLM.close())", param="tensor_parallel")
@@ -120,7 +99,7 @@ class Ranks:
             rank = int(os.environ["RANK"])
             dist.init_process_group(_backend(device), timeout=timeout)
             if rank:
-                _serve(rank, world, device, worker_args)
+                serve(rank, world, device, worker_args)
                 dist.destroy_process_group()
                 raise SystemExit(0)
         else:
@@ -128,7 +107,7 @@ class Ranks:
             ctx = torch.multiprocessing.get_context("spawn")
             threads = torch.get_num_threads()
             for rank in range(1, world):
-                p = ctx.Process(target=_worker_main, args=(rank, world, port, device, threads, worker_args),
+                p = ctx.Process(target=_worker_main, args=(rank, world, port, device, threads, worker_args, serve),
                                 daemon=True, name=f"unmask-tp-rank{rank}")
                 p.start()
                 procs.append(p)
@@ -224,81 +203,6 @@ def _gather_objects(obj) -> list:
     return out
 
 
-class LockstepEngine:
-    """Rank 0's engine under tensor parallelism, with the engine's surface (unmask.engine.EngineLike:
-    add_request, step, abort, release and what the server reads); every call that changes the
-    engine's state is applied here at once and replayed on the other ranks before their next step."""
-
-    def __init__(self, ranks: Ranks, engine, config) -> None:
-        self._ranks, self._engine = ranks, engine
-        self._id = ranks.new_engine_id()
-        ranks.queue(("engine", self._id, config))
-        weakref.finalize(self, ranks.queue, ("close", self._id))
-
-    @property
-    def config(self):
-        return self._engine.config
-
-    @property
-    def requests(self) -> dict:
-        return self._engine.requests
-
-    @property
-    def trace(self):
-        return self._engine.trace
-
-    @property
-    def prefix_cache(self):
-        return self._engine.prefix_cache
-
-    @property
-    def num_running(self) -> int:
-        return self._engine.num_running
-
-    @property
-    def num_waiting(self) -> int:
-        return self._engine.num_waiting
-
-    def has_unfinished(self) -> bool:
-        return self._engine.has_unfinished()
-
-    def add_request(self, prompt, params, request_id=None, watch=False, suffix=None, fill=None, constraint=None,
-                    logprobs=None):
-        if constraint is not None:  # each rank holds a vocabulary slice; the grammar masks the whole vocabulary
-            raise UnmaskError("structured output under tensor parallelism is not supported yet",
-                              param="structured_outputs")
-        if logprobs is not None:  # each rank holds a vocabulary slice: its log-softmax is not the model's
-            raise UnmaskError("logprobs under tensor parallelism are not supported yet", param="logprobs")
-        with self._ranks.lock:
-            req = self._engine.add_request(prompt, params, request_id, watch, suffix=suffix, fill=fill)
-            self._ranks.queue(("add", self._id, list(prompt), params, req.id, watch, req.suffix, req.fill))
-            return req
-
-    def abort(self, request_id: str) -> bool:
-        with self._ranks.lock:
-            done = self._engine.abort(request_id)
-            if done:
-                self._ranks.queue(("abort", self._id, request_id))
-            return done
-
-    def release(self, request_id: str) -> None:
-        with self._ranks.lock:
-            self._engine.release(request_id)
-            self._ranks.queue(("release", self._id, request_id))
-
-    def step(self):
-        with self._ranks.lock:
-            self._ranks.send(("step", self._id))
-            try:
-                return self._engine.step()
-            except TensorParallelError:
-                raise
-            except Exception as e:
-                if _collective_failure(e):
-                    self._ranks.fail(e)
-                raise
-
-
 def _collective_failure(e: BaseException) -> bool:
     """An exception from a collective (a peer gone), not from the engine's own logic."""
     name = type(e).__name__
@@ -320,8 +224,10 @@ def run_spmd(ranks: Ranks, command: tuple, local):
             raise
 
 
-# --- the other ranks ------------------------------------------------------------------------------
-def _worker_main(rank: int, world: int, port: int, device: torch.device, threads: int, worker_args: tuple) -> None:
+
+# --- a spawned rank --------------------------------------------------------------------------------
+def _worker_main(rank: int, world: int, port: int, device: torch.device, threads: int, worker_args: tuple,
+                 serve) -> None:
     """A spawned rank: join the group, load the shard, serve rank 0's commands until "stop"."""
     torch.set_num_threads(threads)
     try:
@@ -329,67 +235,5 @@ def _worker_main(rank: int, world: int, port: int, device: torch.device, threads
                                 world_size=world, timeout=tp_timeout())
     except Exception:
         raise SystemExit(3) from None
-    _serve(rank, world, device, worker_args)
+    serve(rank, world, device, worker_args)
     dist.destroy_process_group()
-
-
-def _serve(rank: int, world: int, device: torch.device, worker_args: tuple) -> None:
-    """`worker_args`: (build, *args); build(tp, *args) makes this rank's front end (LLM._shard:
-    the shard built exactly as rank 0 builds its own)."""
-    if device.type == "cuda":
-        torch.cuda.set_device(rank)
-    tp = TensorParallel(rank, world)
-    llm, error = None, None
-    try:
-        llm = worker_args[0](tp, *worker_args[1:])
-    except Exception as e:  # reported to rank 0, which raises it
-        error = e if isinstance(e, UnmaskError) else f"{type(e).__name__}: {e}"
-    _gather_objects(error)
-    if error is not None:
-        return
-    engines: dict = {}
-    while True:
-        box = [None]
-        try:
-            dist.broadcast_object_list(box, src=0)
-        except Exception:  # rank 0 is gone
-            raise SystemExit(4) from None
-        batch, rng = box[0]
-        if rng is not None:
-            torch.set_rng_state(rng[0])
-            if rng[1] is not None:
-                torch.cuda.set_rng_state(rng[1])
-        for cmd in batch:
-            kind = cmd[0]
-            if kind == "stop":
-                try:
-                    dist.barrier()  # rank 0's close() waits here too
-                except Exception:
-                    pass
-                return
-            try:
-                _apply(llm, engines, cmd)
-            except Exception:
-                traceback.print_exc()
-                raise SystemExit(5) from None
-
-
-def _apply(llm, engines: dict, cmd: tuple) -> None:
-    kind = cmd[0]
-    if kind == "generate":
-        llm._generate_ids(*cmd[1:])
-    elif kind == "engine":
-        engines[cmd[1]] = llm._engine(cmd[2])
-    elif kind == "close":
-        engines.pop(cmd[1], None)
-    elif kind == "add":
-        _, eid, prompt, params, rid, watch, suffix, fill = cmd
-        engines[eid].add_request(prompt, params, rid, watch, suffix=suffix, fill=fill)
-    elif kind == "abort":
-        engines[cmd[1]].abort(cmd[2])
-    elif kind == "release":
-        engines[cmd[1]].release(cmd[2])
-    elif kind == "step":
-        engines[cmd[1]].step()
-    else:
-        raise ValueError(f"unknown tensor-parallel command {kind!r}")
