@@ -16,10 +16,10 @@ import torch
 
 from unmask import checkpoint
 from unmask.checkpoint import one_process_draft
-from unmask.compat import COMPAT_MODES, get_mode
+from unmask.compat import get_mode
 from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
-from unmask.engine.accept import accept, refuse_unused
+from unmask.engine.accept import accept, screen
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
 from unmask import infill as infill_
@@ -166,16 +166,7 @@ class LLM:
         its checkpoint."""
         sampler = self.takes.sampler  # rows that decode as a reference sampler does, its settings theirs
         keys = get_mode(sampler).model_keys if sampler is not None else ()
-        if keys:  # its sampler is the entropy bound; masked samplers' references do not apply
-            if given.get("compat", sampler) not in (None, sampler):
-                raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
-                                  f"{self.arch.family} model is a renoising model (its own sampler, or compat "
-                                  f"{sampler!r})", param="compat")
-            refuse_unused(given, self.arch)
-            given = {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
-        elif isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
-            get_mode(given["compat"]).check_family(self.arch.family)  # before its settings: a default may not fit it
-        return resolve_params(given, self.generation_defaults, fast and self.takes.fast,
+        return resolve_params(screen(given, self.arch), self.generation_defaults, fast and self.takes.fast,
                               block_size=self.arch.block_size, model_keys=keys, check=check)
 
     def accept(self, params: GenerationParams, given=None) -> GenerationParams:

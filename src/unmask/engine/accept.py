@@ -33,8 +33,7 @@ def _accept(params: GenerationParams, arch: ArchConfig, given: frozenset | None,
     return ROW_KINDS.lookup(kind_for(arch), UnmaskError).accept(params, arch, given, engine)
 
 
-def refuse_unused(given: dict, arch: ArchConfig) -> None:
-    """Before a model's own defaults fill the fields in: an UnmaskError naming the fields the
-    caller gave (None: not given) that its rows would not use, where the kind says so early (a
-    renoising sampler's); other kinds refuse in `accept`."""
-    ROW_KINDS.lookup(kind_for(arch), UnmaskError).refuse_unused(given, arch)
+def screen(given: dict, arch: ArchConfig) -> dict:
+    """The fields a caller gave, screened by the model's row kind before its defaults fill them in
+    (RowKind.screen: refused by name early, or completed where its sampler fixes a field)."""
+    return ROW_KINDS.lookup(kind_for(arch), UnmaskError).screen(given, arch)

@@ -21,6 +21,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from unmask.compat import COMPAT_MODES, get_mode
 from unmask.errors import UnmaskError
 from unmask.registry import Registry
 from unmask.trace import ForwardRecord
@@ -160,9 +161,17 @@ class RowKind(Protocol):
         loader refuses a checkpoint without one; an autoregressive model's rows get a spare id)."""
 
     @classmethod
-    def refuse_unused(cls, given: dict, arch) -> None:
-        """Refuse, before the model's defaults fill them in, the given fields its rows would not use
-        (or nothing: `accept` refuses them)."""
+    def screen(cls, given: dict, arch) -> dict:
+        """The fields a caller gave (None: not given), before the model's defaults fill them in:
+        refused by name where the kind knows already that its rows cannot use them, and completed
+        where its sampler fixes a field; what it returns is resolved (unmask.params) and accepted."""
+
+
+def check_compat_family(given: dict, arch) -> dict:
+    """A named reference mode's family, checked before its settings (a default may not fit it)."""
+    if isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
+        get_mode(given["compat"]).check_family(arch.family)
+    return given
 
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""

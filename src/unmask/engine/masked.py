@@ -36,7 +36,8 @@ from unmask.compat import get_mode
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Takes, reads_after, several_holes
+from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Takes, check_compat_family, reads_after,
+                                several_holes)
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
@@ -118,8 +119,9 @@ class MaskedKind:
         return not arch.causal
 
     @classmethod
-    def refuse_unused(cls, given: dict, arch) -> None:
-        """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
+    def screen(cls, given: dict, arch) -> dict:
+        """A named reference mode's family; the rest `accept` checks."""
+        return check_compat_family(given, arch)
 
     def __init__(self, ctx: KindContext) -> None:
         model, tokens = ctx.model, ctx.tokens

@@ -119,6 +119,17 @@ class RenoiseKind:
         return False
 
     @classmethod
+    def screen(cls, given: dict, arch) -> dict:
+        """Its sampler is the entropy bound (policy "entropy"); a masked sampler's reference mode and
+        the fields its sampler would not use are refused by name."""
+        if given.get("compat", RENOISE_COMPAT) not in (None, RENOISE_COMPAT):
+            raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
+                              f"{arch.family} model is a renoising model (its own sampler, or compat "
+                              f"{RENOISE_COMPAT!r})", param="compat")
+        cls.refuse_unused(given, arch)
+        return {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
+
+    @classmethod
     def refuse_unused(cls, given: dict, arch) -> None:
         """An UnmaskError naming the fields its sampler would not use (None: not given)."""
         wrong = sorted(f for f, v in given.items() if v is not None and f not in RENOISE_FIELDS

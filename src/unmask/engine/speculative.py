@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
+from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Stats, Takes, check_compat_family, reads_after,
+                                several_holes)
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.masked import accept_causal
 from unmask.engine.rows import Rows, per_row
@@ -114,8 +115,9 @@ class SpecKind:
         return False
 
     @classmethod
-    def refuse_unused(cls, given: dict, arch) -> None:
-        """Nothing before its defaults are resolved: `accept` refuses what it does not take."""
+    def screen(cls, given: dict, arch) -> dict:
+        """The target's: a named reference mode's family; the rest `accept` checks."""
+        return check_compat_family(given, arch)
 
     def __init__(self, ctx: KindContext) -> None:
         if ctx.drafter is None:
