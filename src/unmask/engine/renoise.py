@@ -99,6 +99,13 @@ _RENOISE_HINT = {"temperature": " (its temperature falls from t_max to t_min)",
 _REFERENCE = GenerationParams()
 
 
+def _refuse_masked_compat(compat, arch) -> None:
+    """A reference mode other than its own reproduces a masked diffusion sampler: refused by name."""
+    if compat not in (None, RENOISE_COMPAT):
+        raise UnmaskError(f"compat {compat!r} reproduces a masked diffusion sampler; this {arch.family} model is a "
+                          f"renoising model (its own sampler, or compat {RENOISE_COMPAT!r})", param="compat")
+
+
 @ROW_KINDS.register
 class RenoiseKind:
     name = "renoise"
@@ -122,10 +129,7 @@ class RenoiseKind:
     def screen(cls, given: dict, arch) -> dict:
         """Its sampler is the entropy bound (policy "entropy"); a masked sampler's reference mode and
         the fields its sampler would not use are refused by name."""
-        if given.get("compat", RENOISE_COMPAT) not in (None, RENOISE_COMPAT):
-            raise UnmaskError(f"compat {given['compat']!r} reproduces a masked diffusion sampler; this "
-                              f"{arch.family} model is a renoising model (its own sampler, or compat "
-                              f"{RENOISE_COMPAT!r})", param="compat")
+        _refuse_masked_compat(given.get("compat"), arch)
         cls.refuse_unused(given, arch)
         return {"policy": "entropy", **{k: v for k, v in given.items() if v is not None}}
 
@@ -146,10 +150,7 @@ class RenoiseKind:
         reference's batch (compat diffusion-gemma): the same settings, checked by that mode, its
         defaults filled in; masked-diffusion settings (a policy, blocks, a cache...) are refused by
         name, given or not different from the reference setting."""
-        if params.compat not in (None, RENOISE_COMPAT):
-            raise UnmaskError(f"compat {params.compat!r} reproduces a masked diffusion sampler; this {arch.family} "
-                              f"model is a renoising model (its own sampler, or compat {RENOISE_COMPAT!r})",
-                              param="compat")
+        _refuse_masked_compat(params.compat, arch)
         if given is None:  # what differs from the reference setting (a canvas-wide block is the canvas)
             given = frozenset(f for f in PARAM_FIELDS if getattr(params, f) != getattr(_REFERENCE, f)
                               and f not in ("gen_length", "steps")

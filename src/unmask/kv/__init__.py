@@ -14,7 +14,7 @@ rotated at their positions.
   per row (held and valid), sliding-window layers holding the last window - 1; the engine's
   instance keeps them in a store with free rows and columns (joins and departures copy no other
   row).
-The memory itself is one slot store, slots.py SlotStore (a join takes a slot, a departure moves the
+The engine's memory is one slot store, slots.py SlotStore (a join takes a slot, a departure moves the
 last row into it, the last one leaving frees it): the masked and speculative rows' K/V and drafter
 context (engine/rows.py `Rows`), the renoising encoder's slots (RenoiseKV) and the prefix cache's
 page pool (prefix.py PrefixStore, which also keeps the one prefix-sharing lifecycle every row kind
