@@ -96,3 +96,26 @@ def test_no_import_circle():
         if v not in done:
             visit(v)
     assert not circles, circles[:3]
+
+
+# the front ends: what a user calls (the Python API, the CLI, the server) and the request checks they share
+FRONT_ENDS = ("llm.py", "checkpoint.py", "infill.py", "inputs.py", "holes.py", "outputs.py", "params.py",
+              "server", "cli")
+
+
+def test_front_ends_ask_the_row_kind_not_the_model():
+    """No front end reads what kind of model it holds (`arch.kind`, `.causal`) or compares a row
+    kind's label: it asks the row kind (engine/kind.py kind_for, Takes, RowKind.accept), so a new
+    kind is its file plus its registration (tests/test_row_kinds.py)."""
+    bad = []
+    for name in FRONT_ENDS:
+        paths = [ROOT / name] if name.endswith(".py") else sorted((ROOT / name).rglob("*.py"))
+        for path in paths:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr in ("kind", "causal", "canvas_length") and \
+                        any(w in ast.unparse(node.value) for w in ("arch", "config")):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} reads {ast.unparse(node)}")
+                if isinstance(node, ast.Compare) and any(isinstance(x, ast.Attribute) and x.attr == "label"
+                                                         for x in [node.left, *node.comparators]):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} compares {ast.unparse(node)}")
+    assert not bad, bad

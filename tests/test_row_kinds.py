@@ -51,10 +51,32 @@ class CountKind:
     chunk = 3
 
     @classmethod
+    def suits(cls, arch, drafter):
+        return arch.kind == "count-up" and drafter is None  # the architecture below selects it
+
+    @classmethod
     def takes(cls, arch, tokens):
-        return Takes(suffix="count-up rows write after their prompt only",
+        return Takes("counting", suffix="count-up rows write after their prompt only",
                      template="count-up rows write after their prompt only",
-                     constraint="count-up rows count; they follow no grammar")
+                     constraint="count-up rows count; they follow no grammar", fast=False,
+                     logprobs="count-up rows have no probabilities", diagnose="count-up rows have no cache")
+
+    @classmethod
+    def accept(cls, params, arch, given, engine):
+        """It counts: gen_length is its one knob; a policy or cache is refused by name."""
+        for name, plain in (("policy", "threshold"), ("cache", "none")):
+            if given is not None and name in given and getattr(params, name) != plain:
+                raise UnmaskError(f"{name} {getattr(params, name)!r}: count-up rows only count", param=name)
+        return replace(params, steps=params.gen_length, block_length=params.gen_length, policy="threshold",
+                       cache="none")
+
+    @classmethod
+    def screen(cls, given, arch):
+        return given
+
+    @classmethod
+    def mask_token(cls, arch):
+        return None
 
     def __init__(self, ctx: KindContext) -> None:
         self.rows, self.device = CountRows(ctx.device, 0), ctx.device
@@ -120,6 +142,45 @@ def test_a_row_kind_the_engine_never_heard_of_serves_requests(model):
         assert set(engine.requests) == known
     finally:
         del ROW_KINDS["count-up-test"]
+
+
+@dataclass(frozen=True)
+class CountArch(ArchConfig):
+    """A new architecture: its models decode as count-up rows."""
+
+    @property
+    def kind(self) -> str:
+        return "count-up"
+
+
+def test_a_new_kind_is_one_class_and_its_registration_through_every_front_end(llada):
+    """A model whose architecture selects a kind nobody wrote elsewhere: the LLM, its parameters
+    and the engine ask the kind (kind_for, accept, takes) and no front end knows its name."""
+    from unmask.engine.kind import kind_for
+    from unmask.llm import LLM
+
+    ROW_KINDS.register(CountKind)
+    try:
+        arch = CountArch(**{f: getattr(llada.arch, f) for f in llada.arch.__dataclass_fields__})
+        llm = LLM.from_parts(LLaDAModel(arch).eval(), llada.tokenizer, llada.token_ids)
+        assert kind_for(arch) == "count-up-test" and llm.takes.label == "counting"
+        out = llm.generate([[3, 4, 5]], {"gen_length": 4})
+        assert out.results[0].token_ids == [6, 7, 8, 9] and out.results[0].nfe == 2
+        assert llm.engine().kind.name == "count-up-test"
+        with pytest.raises(UnmaskError, match="policy 'fixed': count-up rows only count"):
+            llm.generate([[3, 4, 5]], {"gen_length": 4, "policy": "fixed"})
+        for call, match in ((lambda: llm.generate([[3]], {"gen_length": 4}, suffix=[[7]]), "after their prompt only"),
+                            (lambda: llm.generate([[3]], {"gen_length": 4}, logprobs=1), "no probabilities"),
+                            (lambda: llm.takes.need("diagnose"), "count-up rows have no cache")):
+            with pytest.raises(UnmaskError, match=match):
+                call()
+        # a drafter selects no kind for this architecture: refused by name
+        with pytest.raises(UnmaskError, match="no row kind decodes a count-up llada model with a drafter"):
+            kind_for(arch, drafter=object())
+    finally:
+        del ROW_KINDS["count-up-test"]
+    with pytest.raises(UnmaskError, match="no row kind decodes a count-up llada model"):
+        kind_for(arch)
 
 
 def test_unknown_row_kind_is_refused_by_name(model):

@@ -101,15 +101,12 @@ def open_checkpoint(path: Path, dtype: str | None, device, tp=None, quantize: st
 
         drafter, _ = load_drafter(draft_path, dtype=dtype, device=device, linear_kernel=linear_kernel)
         check_pair(drafter.config, arch, str(draft_path))
-    draft_mask = None if drafter is None else drafter.config.mask_token_id
-    causal = arch.kind == "causal"
     implied = family.token_defaults(config) if family.token_defaults is not None else {}
-    kind = ROW_KINDS.lookup(kind_for(arch, drafter), UnmaskError)
-    token_ids = resolve_token_ids({**implied, **config}, generation_config, tokenizer, needs_mask=kind.needs_mask(arch))
-    if token_ids.mask is None and draft_mask is not None:  # an AR target without one: the drafter's
-        token_ids = replace(token_ids, mask=draft_mask)
-    elif token_ids.mask is None and causal:  # an AR model's canvas needs a placeholder it never writes
-        token_ids = replace(token_ids, mask=_spare_id(tokenizer, arch.vocab_size, path))
+    holds = ROW_KINDS.lookup(kind_for(arch, drafter), UnmaskError).mask_token(arch)  # what unwritten positions hold
+    token_ids = resolve_token_ids({**implied, **config}, generation_config, tokenizer, needs_mask=holds == "model")
+    if token_ids.mask is None and holds == "placeholder":  # an id the model never writes: the drafter's mask
+        mask = drafter.config.mask_token_id if drafter is not None else None  # token, else a spare id
+        token_ids = replace(token_ids, mask=mask if mask is not None else _spare_id(tokenizer, arch.vocab_size, path))
     check_token_ids(token_ids, arch.vocab_size, path)
     return Opened(model, config, generation_config, tokenizer, token_ids, drafter)
 

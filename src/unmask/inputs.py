@@ -114,7 +114,6 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
     if not suffix:
         return
     takes.need("suffix")
-    psm = arch.kind == "causal" and tokens.fim is not None
     if params.compat is not None and not get_mode(params.compat).takes_suffix:
         raise UnmaskError(f"compat {params.compat!r} reproduces a prompt-only sampler; a suffix decodes natively "
                           "(or with compat llada, fast-dllm, dream or open-dcoder, whose samplers decode any canvas)")
@@ -123,7 +122,7 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
         raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
     if tokens.mask in suffix:
         raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
-    extra = 3 if psm else 0  # the three fill-in-the-middle markers
+    extra = 3 if takes.psm else 0  # the three fill-in-the-middle markers
     if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
                           f"exceeds the model's maximum of {arch.max_positions} positions")
@@ -153,11 +152,12 @@ def check_fill(fill: list[int] | None, params: GenerationParams, arch: ArchConfi
         raise UnmaskError(f"region: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
 
 
-def layout(prompt: list[int], suffix: list[int], arch: ArchConfig, tokens: TokenIds) -> tuple[list[int], list[int]]:
-    """(prompt, suffix) as the model reads them: an autoregressive model with fill-in-the-middle
-    tokens gets prefix-suffix-middle, [BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle>,
-    and writes the middle (as it was trained: unmask.train.code); any other model unchanged."""
-    if not suffix or arch.kind != "causal" or tokens.fim is None:
+def layout(prompt: list[int], suffix: list[int], takes, tokens: TokenIds) -> tuple[list[int], list[int]]:
+    """(prompt, suffix) as the model reads them: rows that read text after a hole laid out
+    prefix-suffix-middle (`takes.psm`, the row kind's contract: an autoregressive model with
+    fill-in-the-middle tokens) get [BOS] <fim_prefix> prefix <fim_suffix> suffix <fim_middle> and
+    write the middle (as it was trained: unmask.train.code); any other rows read them unchanged."""
+    if not suffix or not takes.psm:
         return prompt, suffix
     pre, suf, mid = tokens.fim
     head = [prompt[0]] if prompt and prompt[0] == tokens.bos else []

@@ -176,6 +176,15 @@ def _break_even(r: Roofline, arch, b: int, prompt: int, soft: float) -> float:
     return (ar_canvas - enc) / den
 
 
+def own_cost(r: Roofline, arch, prompt: int, batches) -> tuple[dict, str] | None:
+    """A model whose decoding is priced apart from the AR-against-masked prediction, as (its table,
+    that table as text): a renoising model's cost per canvas; None for any other model."""
+    if arch is None or arch.kind != "renoise":
+        return None
+    table = renoise_table(r, arch, prompt, batches=batches)
+    return table, format_renoise(table, r.hw, r.model.weight_bytes)
+
+
 def format_renoise(p: dict, hw: Hardware, weight_bytes: float) -> str:
     lines = [f"hardware: {hw.name} ({hw.bandwidth / 1e9:.0f} GB/s, {hw.peak_flops / 1e12:.2f} TFLOP/s); weights "
              f"{weight_bytes / 1e9:.3g} GB; canvas {p['canvas']}, prompt {p['prompt']} (uniform routing: experts "

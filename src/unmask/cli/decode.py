@@ -51,8 +51,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         prompts = parse_prompt_ids(a.prompt_ids) if a.prompt_ids is not None else [a.prompt]
         out = llm.generate(prompts, params, chat=False if a.suffix is not None else a.chat, suffix=a.suffix,
                            constraint=constraint)
-    label = llm.takes.label
-    policy = ("speculative" if llm.drafter is not None else label) if label == "autoregressive" else params.policy
+    policy = llm.takes.decodes or params.policy  # autoregressive / speculative rows follow no commit policy
     if a.json:
         exact = params.compat is not None  # compat modes return the whole canvas, like the reference
         print(json.dumps({
@@ -186,8 +185,7 @@ def cmd_diagnose(a: argparse.Namespace) -> int:
     given_params(a)
     plots = diagnose_outputs(a.out) if a.out is not None else ()  # checked before anything loads, created after
     llm = load_llm(a)
-    if llm.takes.label == "autoregressive":
-        raise UnmaskError("unmask diagnose looks at approximate caches of diffusion models; the AR twin's cache is exact")
+    llm.takes.need("diagnose")
     params = params_for(llm, a, fast=True)
     report = diagnose.run(llm, params, tasks, a.n, a.batch_size)
     report["params"] = asdict(params)

@@ -200,11 +200,11 @@ def cmd_roofline(a: argparse.Namespace) -> int:
                             gpu_memory=rt.GPU_MEMORY[a.hardware or "h100-sxm"])
         print(json.dumps(table) if a.json else rt.format_tp(table, model.hw))
         return 0
-    if arch is not None and arch.kind == "renoise":  # a renoising model: its cost per canvas
+    own = rt.own_cost(model, arch, a.prompt, batches)  # a renoising model: its cost per canvas
+    if own is not None:
         if a.plot:
-            raise UnmaskError("--plot draws AR against masked diffusion; a renoising model prints its table")
-        table = rt.renoise_table(model, arch, a.prompt, batches=batches)
-        print(json.dumps(table) if a.json else rt.format_renoise(table, model.hw, model.model.weight_bytes))
+            raise UnmaskError(f"--plot draws AR against masked diffusion; a {arch.family} model prints its table")
+        print(json.dumps(own[0]) if a.json else own[1])
         return 0
     pred = rl.predict(model, a.prompt, a.gen, a.tau, a.block, batches)
     if a.plot:

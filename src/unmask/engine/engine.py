@@ -117,12 +117,14 @@ class Engine:
         log-probability and the `logprobs` most likely tokens' (StepOutput.logprobs; None: none;
         sampler/logprobs.py says what each kind scores with)."""
         logprobs = check_logprobs(logprobs)
+        if logprobs is not None:
+            self.takes.need("logprobs", "logprobs")
         if logprobs is not None and fill is not None:
             raise UnmaskError("logprobs are not reported for a template with holes (its fixed text is not generated)")
         params = accept(params, self.arch, engine=True)
         check_prompts([prompt], params, self.arch, self.tokens)
         check_suffix(list(suffix or []), params, self.arch, self.tokens, len(prompt), self.takes)
-        prompt, suffix = layout(list(prompt), list(suffix or []), self.arch, self.tokens)  # prefix-suffix-middle
+        prompt, suffix = layout(list(prompt), list(suffix or []), self.takes, self.tokens)  # prefix-suffix-middle
         parts = self.kind.prepare(params)
         fill = None if fill is None else list(fill)
         check_fill(fill, params, self.arch, self.tokens,

@@ -3,7 +3,10 @@ requests, admission, the token budget, the trace and the outputs; a row kind own
 tensors and forwards. The kinds unmask ships: "masked" (masked diffusion: full-attention, block
 and causal models, engine/masked.py), "renoise" (canvases of random tokens rewritten until they
 stop, engine/renoise.py) and "speculative" (a drafter proposes, an autoregressive target
-verifies, engine/speculative.py). A new kind is one class in one file plus `@ROW_KINDS.register`.
+verifies, engine/speculative.py). A new kind is one class in one file plus `@ROW_KINDS.register`:
+the model it decodes picks it (`suits`, asked by `kind_for`), and what its requests may carry,
+which parameters its rows run and what they hold at unwritten positions are its own to say
+(`takes`, `screen` / `accept`, `mask_token`), which every front end asks.
 
 One engine step asks the kind, in this order:
 1. `admit(reqs)`: the requests that join now become rows (appended at the end);
@@ -105,6 +108,13 @@ class Takes:
     # mode whose settings its rows take, from the checkpoint (a renoising model's own sampler)
     fast: bool = True
     sampler: str | None = None
+    # text after a hole is read laid out prefix-suffix-middle with the tokenizer's fill-in-the-middle
+    # markers (unmask.inputs.layout: an autoregressive model), not in place on the canvas
+    psm: bool = False
+    diagnose: str | None = None  # `unmask diagnose` (a commit-time look at an approximate cache)
+    # what a summary names as the decoding, where its rows follow no commit policy of their own
+    # ("autoregressive", "speculative"); None: the request's policy
+    decodes: str | None = None
 
     def need(self, what: str, param: str | None = None) -> None:
         """Raise the kind's refusal of input `what` (an UnmaskError naming `param`), if it has one."""
@@ -113,26 +123,15 @@ class Takes:
             raise UnmaskError(reason, param=param)
 
 
-def reads_after(arch, tokens) -> str | None:
-    """Whether rows of this model can read text after a hole (None), or why not: a full-attention
-    masked model sees it, an autoregressive one with fill-in-the-middle tokens reads it laid out
-    prefix-suffix-middle (unmask.inputs.layout)."""
-    if arch.kind == "full" or (arch.kind == "causal" and tokens.fim is not None):
-        return None
-    what = {"block": "a block-diffusion model attends to earlier blocks only",
-            "causal": "an autoregressive model attends to earlier tokens only (and its tokenizer has no "
-                      "fill-in-the-middle tokens)",
-            "renoise": "a renoising model decodes canvases after its prompt"}[arch.kind]
+def suffix_refusal(arch, why: str) -> str:
+    """A kind's refusal of text after a hole on a model of `arch`, `why` in the kind's words."""
     return (f"a suffix (text after the hole) needs a full-attention masked diffusion model; this {arch.family} "
-            f"model cannot see it: {what}")
+            f"model cannot see it: {why}")
 
 
-def several_holes(arch) -> str | None:
-    """Whether rows of this model decode a template of several holes (None), or why not."""
-    if arch.kind == "full":
-        return None
-    return (f"several holes need a full-attention masked diffusion model; this {arch.family} model attends left "
-            "to right (give one hole at the end of the text)")
+def template_refusal(arch, why: str) -> str:
+    """A kind's refusal of a template of several holes on a model of `arch`, `why` in its words."""
+    return f"several holes need a full-attention masked diffusion model; this {arch.family} model {why}"
 
 
 class RowKind(Protocol):
@@ -146,6 +145,11 @@ class RowKind(Protocol):
     prefix: object  # its prompt-prefix cache across requests (kv/prefix.py PrefixStore), or None
 
     @classmethod
+    def suits(cls, arch, drafter) -> bool:
+        """Whether its rows decode a model of `arch` (with `drafter`, a DFlash drafter, or None):
+        `kind_for` picks the one registered kind that says so."""
+
+    @classmethod
     def takes(cls, arch, tokens) -> Takes:
         """The kind's request contract on a model of `arch` with `tokens` (see Takes)."""
 
@@ -156,22 +160,17 @@ class RowKind(Protocol):
         caller set, None: those that differ from the reference setting)."""
 
     @classmethod
-    def needs_mask(cls, arch) -> bool:
-        """Whether its rows on a model of `arch` need the checkpoint to name a mask token (a
-        loader refuses a checkpoint without one; an autoregressive model's rows get a spare id)."""
+    def mask_token(cls, arch) -> str | None:
+        """What its rows on a model of `arch` hold at positions not yet written: "model" (the
+        checkpoint's mask token: a checkpoint without one is refused), "placeholder" (any id the
+        model never writes: the drafter's mask token, else a spare id of the embedding) or None
+        (no such positions)."""
 
     @classmethod
     def screen(cls, given: dict, arch) -> dict:
         """The fields a caller gave (None: not given), before the model's defaults fill them in:
         refused by name where the kind knows already that its rows cannot use them, and completed
         where its sampler fixes a field; what it returns is resolved (unmask.params) and accepted."""
-
-
-def check_compat_family(given: dict, arch) -> dict:
-    """A named reference mode's family, checked before its settings (a default may not fit it)."""
-    if isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
-        get_mode(given["compat"]).check_family(arch.family)
-    return given
 
     def prepare(self, params) -> object:
         """What a request's rows will decode with, built once when it is added (Request.parts)."""
@@ -183,6 +182,13 @@ def check_compat_family(given: dict, arch) -> dict:
     def decode(self, run: torch.Tensor | None) -> Report: ...
 
     def remove(self, rows: list[int]) -> None: ...
+
+
+def check_compat_family(given: dict, arch) -> dict:
+    """A named reference mode's family, checked before its settings (a default may not fit it)."""
+    if isinstance(given.get("compat"), str) and given["compat"] in COMPAT_MODES:
+        get_mode(given["compat"]).check_family(arch.family)
+    return given
 
 
 @dataclass
@@ -200,7 +206,11 @@ class KindContext:
 
 
 def kind_for(arch, drafter=None) -> str:
-    """The row kind a model decodes with (its architecture's kind; a drafter makes it speculative)."""
-    if drafter is not None:
-        return "speculative"
-    return "renoise" if arch.kind == "renoise" else "masked"
+    """The row kind a model decodes with: the one registered kind whose `suits` says so (a
+    masked, renoising or speculative model's, or a kind a new architecture selects)."""
+    names = [name for name, kind in ROW_KINDS.items() if kind.suits(arch, drafter)]
+    if len(names) != 1:
+        what = f"a {arch.kind} {arch.family} model" + (" with a drafter" if drafter is not None else "")
+        raise UnmaskError(f"{'no row kind decodes' if not names else 'several row kinds (' + ', '.join(names) + ') decode'}"
+                          f" {what}; the row kinds: {', '.join(ROW_KINDS)}")
+    return names[0]

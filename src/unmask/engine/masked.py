@@ -36,8 +36,8 @@ from unmask.compat import get_mode
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
-from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Takes, check_compat_family, reads_after,
-                                several_holes)
+from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Takes, check_compat_family, suffix_refusal,
+                                template_refusal)
 from unmask.engine.logprobs import Logprobs
 from unmask.engine.parts import build_parts
 from unmask.engine.postprocess import MaskedStats
@@ -74,6 +74,19 @@ def accept_causal(params: GenerationParams, arch, given: frozenset | None) -> Ge
     return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
 
 
+def causal_takes(arch, tokens, **more) -> Takes:
+    """An autoregressive model's contract: text after a hole laid out prefix-suffix-middle when
+    its tokenizer has fill-in-the-middle tokens; one hole at the end; its own decoding (no fast
+    defaults); no commit-time diagnosis (its cache is exact)."""
+    suffix = None if tokens.fim is not None else suffix_refusal(
+        arch, "an autoregressive model attends to earlier tokens only (and its tokenizer has no fill-in-the-middle "
+              "tokens)")
+    return Takes("autoregressive", suffix=suffix, psm=tokens.fim is not None,
+                 template=template_refusal(arch, "attends left to right (give one hole at the end of the text)"),
+                 fast=False, diagnose="unmask diagnose looks at approximate caches of diffusion models; an "
+                                      "autoregressive model's cache is exact", **{"decodes": "autoregressive", **more})
+
+
 @ROW_KINDS.register
 class MaskedKind:
     name = "masked"
@@ -81,10 +94,20 @@ class MaskedKind:
     diagnoses = True
 
     @classmethod
+    def suits(cls, arch, drafter) -> bool:
+        """Full-attention, block and causal models decoded alone."""
+        return drafter is None and arch.kind in ("full", "block", "causal")
+
+    @classmethod
     def takes(cls, arch, tokens) -> Takes:
         """Every input; text after a hole and templates as the model's attention allows."""
-        return Takes("autoregressive" if arch.causal else "masked", suffix=reads_after(arch, tokens),
-                     template=several_holes(arch), fast=not arch.causal)
+        if arch.kind == "causal":
+            return causal_takes(arch, tokens)
+        if arch.kind == "block":
+            return Takes(suffix=suffix_refusal(arch, "a block-diffusion model attends to earlier blocks only"),
+                         template=template_refusal(arch, "attends left to right (give one hole at the end of the "
+                                                         "text)"))
+        return Takes()
 
     @classmethod
     def accept(cls, params: GenerationParams, arch, given: frozenset | None, engine: bool) -> GenerationParams:
@@ -113,10 +136,10 @@ class MaskedKind:
         return p
 
     @classmethod
-    def needs_mask(cls, arch) -> bool:
+    def mask_token(cls, arch) -> str:
         """A diffusion model's canvas starts as its mask token; an autoregressive twin's placeholder
         may be any id it never writes."""
-        return not arch.causal
+        return "placeholder" if arch.causal else "model"
 
     @classmethod
     def screen(cls, given: dict, arch) -> dict:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from unmask.compat import get_mode
-from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, reads_after, several_holes
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, Takes, suffix_refusal, template_refusal
 from unmask.engine.rows import Rows, per_row
 from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
@@ -113,17 +113,26 @@ class RenoiseKind:
     diagnoses, observer = False, None
 
     @classmethod
+    def suits(cls, arch, drafter) -> bool:
+        """Renoising models (canvases of random tokens), decoded alone."""
+        return drafter is None and arch.kind == "renoise"
+
+    @classmethod
     def takes(cls, arch, tokens) -> Takes:
         """Prompts only: no text after a hole, no template, no structured output (the whole canvas
         is rewritten each step)."""
-        return Takes("renoising", suffix=reads_after(arch, tokens), template=several_holes(arch),
+        return Takes("renoising", suffix=suffix_refusal(arch, "a renoising model decodes canvases after its prompt"),
+                     template=template_refusal(arch, "decodes canvases after its prompt (give one hole at the end of "
+                                                     "the text)"),
                      constraint="a renoising model rewrites its whole canvas each step; structured output is not "
-                                "supported for renoising rows", fast=False, sampler=RENOISE_COMPAT)
+                                "supported for renoising rows", fast=False, sampler=RENOISE_COMPAT,
+                     diagnose="unmask diagnose looks at a masked model's approximate caches; a renoising model has "
+                              "no commit-time observer")
 
     @classmethod
-    def needs_mask(cls, arch) -> bool:
+    def mask_token(cls, arch) -> None:
         """Canvases start as random tokens: no mask token."""
-        return False
+        return None
 
     @classmethod
     def screen(cls, given: dict, arch) -> dict:

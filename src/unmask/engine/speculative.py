@@ -35,10 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Stats, Takes, check_compat_family, reads_after,
-                                several_holes)
+from unmask.engine.kind import ROW_KINDS, Cost, KindContext, Report, Stats, check_compat_family
 from unmask.engine.logprobs import Logprobs
-from unmask.engine.masked import accept_causal
+from unmask.engine.masked import accept_causal, causal_takes
 from unmask.engine.rows import Rows, per_row
 from unmask.errors import UnmaskError
 from unmask.kv.prefix import PrefixStore
@@ -98,11 +97,17 @@ class SpecKind:
     diagnoses, observer = False, None
 
     @classmethod
-    def takes(cls, arch, tokens) -> Takes:
-        """The target's text after a hole (prefix-suffix-middle) where it reads it; structured
-        output on greedy rows only (RowGrammar.verify checks the drafter's tokens greedily)."""
-        return Takes("autoregressive", suffix=reads_after(arch, tokens), template=several_holes(arch), fast=False,
-                     sampled_constraint="structured output on speculative rows is greedy: temperature must be 0")
+    def suits(cls, arch, drafter) -> bool:
+        """An autoregressive target with a drafter."""
+        return drafter is not None and arch.kind == "causal"
+
+    @classmethod
+    def takes(cls, arch, tokens):
+        """The target's (engine/masked.py `causal_takes`: text after a hole prefix-suffix-middle
+        where it reads it); structured output on greedy rows only (RowGrammar.verify checks the
+        drafter's tokens greedily)."""
+        return causal_takes(arch, tokens, decodes="speculative",
+                            sampled_constraint="structured output on speculative rows is greedy: temperature must be 0")
 
     @classmethod
     def accept(cls, params, arch, given: frozenset | None, engine: bool):
@@ -110,9 +115,9 @@ class SpecKind:
         return accept_causal(params, arch, given)
 
     @classmethod
-    def needs_mask(cls, arch) -> bool:
+    def mask_token(cls, arch) -> str:
         """The drafter's block placeholder: the drafter's mask token (or any id the target never writes)."""
-        return False
+        return "placeholder"
 
     @classmethod
     def screen(cls, given: dict, arch) -> dict:

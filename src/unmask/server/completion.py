@@ -143,7 +143,7 @@ class Completion(HoleRounds):
         markers) and a template's fixed text between holes."""
         fixed = 0 if self.template is None else len(self.template.region) - self.template.masks
         llm = self.streams[0].llm
-        prompt, suffix = layout(list(self.ids), list(self.holes.get("suffix") or []), llm.arch, llm.token_ids)
+        prompt, suffix = layout(list(self.ids), list(self.holes.get("suffix") or []), llm.takes, llm.token_ids)
         return len(prompt) + len(suffix) + fixed
 
     def reason(self, i: int) -> str:
