@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from unmask.bench.roofline import ModelCost, Roofline, measure_cpu  # noqa: E402
+from unmask.bench.hardware import measure_cpu  # noqa: E402
+from unmask.bench.roofline import ModelCost, Roofline  # noqa: E402
 from unmask.bench.runner import context  # noqa: E402
 from unmask.engine.engine import Engine  # noqa: E402
 from unmask.models.llada import LLaDAModel  # noqa: E402

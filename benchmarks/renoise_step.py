@@ -9,7 +9,7 @@ denoising steps per canvas; the encoder pass (the prompt), each denoising step (
 sampler: temperature, draw, entropy bound, renoising, stopping test) and the engine's own time
 are timed apart. Random weights never stop a canvas early, so the forwards per canvas are the
 step limit (--steps); adaptive stopping needs a trained model. The prediction is the roofline
-with this machine's measured bandwidth and float32 matmul rate (unmask.bench.roofline.measure_cpu):
+with this machine's measured bandwidth and float32 matmul rate (unmask.bench.hardware.measure_cpu):
 a lower bound, which ignores each call's fixed cost. Writes JSON (default
 benchmarks/results/renoise_step_cpu.json) and prints a table.
 
@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from unmask.bench import roofline as rl  # noqa: E402
 from unmask.bench import roofline_tables as rt  # noqa: E402
+from unmask.bench.hardware import measure_cpu  # noqa: E402
 from unmask.bench.runner import context  # noqa: E402
 from unmask.engine import Engine, EngineConfig  # noqa: E402
 from unmask.files import writable_folder, write_json_atomic  # noqa: E402
@@ -92,7 +93,7 @@ def main() -> None:
     a = ap.parse_args()
     writable_folder(Path(a.out).parent, "--out")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    hw = rl.measure_cpu()
+    hw = measure_cpu()
     rows = []
     for shape in a.shapes.split(","):
         for canvas in map(int, a.canvases.split(",")):

@@ -230,9 +230,10 @@ def test_dflash_table_keeps_acceptance_lengths_within_its_block(capsys):
     taus = {r["tau"] for r in json.loads(out)["rows"]}
     assert taus == {2.0, 4.0}
     from unmask.bench import roofline as rl
+    from unmask.bench import shapes
     from unmask.bench import roofline_tables as rt
 
-    target = rl.build("h200", rl.dense_shape("qwen3-8b"), None, None, False)
+    target = rl.build("h200", shapes.dense_shape("qwen3-8b"), None, None, False)
     with pytest.raises(UnmaskError, match="tau 6"):
         rt.speculative_table(target, target, 512, 4, taus=(2.0, 6.0))
 

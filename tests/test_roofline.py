@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from unmask.bench.roofline import PRESETS, ModelCost, Roofline
+from unmask.bench.hardware import PRESETS, Hardware
+from unmask.bench.roofline import ModelCost, Roofline
 
 
 @pytest.fixture
@@ -62,9 +63,10 @@ def test_cli_prints_seed_example_and_writes_plot(capsys, tmp_path, llada_dir):
 
 def test_moe_roofline_reads_the_experts_its_positions_choose(capsys):
     from unmask.bench import roofline as rl
+    from unmask.bench import shapes
     from unmask.cli import main
 
-    mini, flash = rl.moe_shape("llada2-mini"), rl.moe_shape("llada2-flash")
+    mini, flash = shapes.moe_shape("llada2-mini"), shapes.moe_shape("llada2-flash")
     assert 15.5e9 < mini.num_parameters() < 17e9 and 1.2e9 < mini.num_parameters(active=True) < 1.6e9  # 16B-A1.4B
     assert 95e9 < flash.num_parameters() < 110e9 and 5e9 < flash.num_parameters(active=True) < 7.5e9  # 100B-A6.1B
     r = rl.build("h200", mini)
@@ -85,7 +87,7 @@ def test_renoising_roofline_counts_the_canvas(capsys):
     """DiffusionGemma 26B-A4B: 25 B parameters, about 3.8 B active; a denoising step over a
     256-position canvas reads nearly every expert, so fewer denoising steps per canvas mean more
     tokens/s, and AR is matched at a stated step count."""
-    from unmask.bench.roofline import renoise_shape
+    from unmask.bench.shapes import renoise_shape
     from unmask.bench.roofline_tables import renoise_table
     from unmask.cli import main
 
@@ -106,10 +108,11 @@ def test_tensor_parallel_roofline(capsys):
     """N ranks read and compute 1/N each and pay 2 all-reduces per layer (3 for DiffusionGemma's
     dense MLP beside its experts); one rank pays none; a model too big for one GPU is marked."""
     from unmask.bench import roofline as rl
+    from unmask.bench import shapes
     from unmask.bench import roofline_tables as rt
     from unmask.cli import main
 
-    arch = rl.dense_shape("llada-8b")
+    arch = shapes.dense_shape("llada-8b")
     r = rl.build("h200", arch)
     t = rt.tp_table(r, arch, rt.LINKS["h200"], (1, 2, 8), gpu_memory=rt.GPU_MEMORY["h200"])
     one = [row for row in t["rows"] if row["ranks"] == 1]
@@ -118,10 +121,10 @@ def test_tensor_parallel_roofline(capsys):
     assert [row["ranks"] for row in canvas] == [1, 2, 8]
     assert canvas[1]["compute_ms"] == pytest.approx(canvas[0]["compute_ms"] / 2)
     assert 1 < canvas[1]["speedup"] < 2 and canvas[2]["all_reduces"] == 2 * 32 + 1
-    gemma = rl.renoise_shape("diffusiongemma-26b-a4b")
+    gemma = shapes.renoise_shape("diffusiongemma-26b-a4b")
     g = rt.tp_table(rl.build("h200", gemma), gemma, rt.LINKS["h200"], (2,))
     assert g["rows"][0]["all_reduces"] == 3 * 30 + 1
-    flash = rl.moe_shape("llada2-flash")
+    flash = shapes.moe_shape("llada2-flash")
     f = rt.tp_table(rl.build("h200", flash), flash, rt.LINKS["h200"], (1, 2), gpu_memory=rt.GPU_MEMORY["h200"])
     assert [row["fits"] for row in f["rows"][:2]] == [False, True]
     assert main(["roofline", "--model", "llada-8b", "--hardware", "h200", "--tensor-parallel", "1,4"]) == 0
@@ -135,19 +138,20 @@ def test_int8_weights_and_the_cpu_step_table(capsys, monkeypatch):
     grouped experts); the CPU's rates are measured with the engine's own layers; the step table
     puts this CPU beside the GPU presets; bad combinations are named."""
     from unmask.bench import roofline as rl
+    from unmask.bench import shapes
     from unmask.bench import roofline_tables as rt
     from unmask.cli import main
     from unmask.errors import UnmaskError
 
-    arch = rl.dense_shape("llada-8b")
+    arch = shapes.dense_shape("llada-8b")
     kept = 2 * arch.vocab_size * arch.hidden_size
     f32 = ModelCost.from_arch(arch, 4.0)
     i8 = ModelCost.from_arch(arch, 1.0, float_bytes=4.0)
     assert i8.weight_bytes == pytest.approx((f32.weight_bytes / 4 - kept) + 4 * kept)
     assert i8.flops_per_position == f32.flops_per_position
-    flash = rl.moe_shape("llada2-flash")
+    flash = shapes.moe_shape("llada2-flash")
     assert ModelCost.from_arch(flash, 1.0, float_bytes=4.0).expert_bytes == ModelCost.from_arch(flash, 4.0).expert_bytes
-    fake = rl.Hardware("this CPU (fake)", 20e9, 1e11)
+    fake = Hardware("this CPU (fake)", 20e9, 1e11)
     monkeypatch.setattr(rl, "measure_cpu", lambda seconds=0.5, weights="float32": fake)
     r = rl.build("cpu", arch, weights="int8")
     assert r.model.weight_bytes == pytest.approx(i8.weight_bytes)
@@ -164,7 +168,7 @@ def test_int8_weights_and_the_cpu_step_table(capsys, monkeypatch):
 
 
 def test_measured_cpu_rates_use_the_engines_layers():
-    from unmask.bench.roofline import measure_cpu
+    from unmask.bench.hardware import measure_cpu
 
     hw = measure_cpu(0.05, "int8")
     assert "int8 (FBGEMM)" in hw.name and hw.bandwidth > 0 and hw.peak_flops > 0

@@ -257,9 +257,10 @@ def test_bench_reports_dflash_beside_the_ar_twin(tmp_path, embedded_ar):
 
 def test_roofline_prices_speculative_decoding():
     from unmask.bench import roofline as rl
+    from unmask.bench import shapes
     from unmask.bench import roofline_tables as rt
 
-    arch = rl.dense_shape("qwen3-8b")
+    arch = shapes.dense_shape("qwen3-8b")
     target = rl.build("h200", arch, None, None, True)
     draft = rl.Roofline(target.hw, rt.draft_cost(arch, 5, 5, 2.0))
     t = rt.speculative_table(target, draft, 512, 16, (1.0, 4.0), (1, 64))

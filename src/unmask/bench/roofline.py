@@ -17,26 +17,11 @@ most of the 5-18 ms step of the 3.4 M embedded model, where `unmask bench` finds
 48-93 % below the measurement.
 """
 
-import functools
 import math
-import time
 from dataclasses import dataclass
 
+from unmask.bench.hardware import PRESETS, WEIGHTS, Hardware, measure_cpu
 from unmask.files import save_figure
-
-
-@dataclass(frozen=True)
-class Hardware:
-    name: str
-    bandwidth: float  # bytes per second
-    peak_flops: float  # FLOP per second in the model's dtype
-
-
-PRESETS = {
-    "h100-sxm": Hardware("H100 SXM (bf16 dense)", 3.352e12, 989.4e12),
-    "h200": Hardware("H200 SXM (bf16 dense)", 4.8e12, 989.4e12),
-    "a100-80gb": Hardware("A100 80GB SXM (bf16 dense)", 2.039e12, 312e12),
-}
 
 
 @dataclass(frozen=True)
@@ -150,74 +135,6 @@ class Roofline:
         return None
 
 
-WEIGHTS = {"float32": 4.0, "int8": 1.0}
-
-
-@functools.cache
-def _bandwidth(seconds: float) -> float:
-    """Bytes per second of a large float32 copy (read + write), measured once per process."""
-    import torch
-
-    a = torch.empty(64 * 2**20 // 4, dtype=torch.float32).uniform_()
-    b = torch.empty_like(a)
-    b.copy_(a)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        b.copy_(a)
-        n += 1
-    return 2 * a.numel() * 4 * n / (time.perf_counter() - t0)
-
-
-def measure_cpu(seconds: float = 0.5, weights: str = "float32") -> Hardware:
-    """This machine, measured once: bandwidth from a large float32 copy; the compute rate from the
-    linear layer the engine runs for `weights` (float32: the faster of PyTorch's default and oneDNN,
-    unmask.layers.dispatch; int8: unmask.layers.quant's FBGEMM layer) on a 4096 x 4096 weight over
-    256 rows, where a step is compute-bound."""
-    import torch
-    from torch import nn
-
-    bandwidth = _bandwidth(seconds / 3)
-    rows, size = 256, 4096
-    lin = nn.Linear(size, size, bias=False).requires_grad_(False)
-    if weights == "int8":
-        from unmask.layers.quant import Int8Linear
-
-        layers = {"int8 (FBGEMM)": Int8Linear.from_linear(lin)}
-    else:
-        from unmask.layers.dispatch import OneDNNLinear, onednn_available
-
-        layers = {"float32 (default)": lin}
-        if onednn_available():
-            layers["float32 (oneDNN)"] = OneDNNLinear.from_linear(lin)
-    x = torch.randn(rows, size)
-    best = {}
-    with torch.no_grad():
-        for name, layer in layers.items():
-            layer(x)
-            n, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds / (3 * len(layers)) or n < 2:
-                layer(x)
-                n += 1
-            best[name] = 2 * rows * size * size * n / (time.perf_counter() - t0)
-    kernel = max(best, key=best.get)
-    return Hardware(f"this CPU ({torch.get_num_threads()} threads, {kernel}, measured)", bandwidth, best[kernel])
-
-
-def for_device(device) -> Hardware:
-    """The hardware a measurement runs on: a preset for a GPU it knows by name (datasheet
-    numbers), else this CPU, measured."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, preset in (("H200", "h200"), ("H100", "h100-sxm"), ("A100", "a100-80gb")):
-            if key in name:
-                return PRESETS[preset]
-        raise ValueError(f"no roofline preset for GPU {name!r}")
-    return measure_cpu()
-
-
 def seed_example() -> str:
     """Seed 000's worked example, recomputed: H100 SXM, 7B bf16, prompt 512, gen 256."""
     r = Roofline(PRESETS["h100-sxm"], ModelCost.seed_7b())
@@ -277,56 +194,6 @@ def build(hardware: str | None = None, arch=None, params: float | None = None,
     if not (math.isfinite(n) and n > 0):
         raise UnmaskError(f"parameter count {n} must be a finite number > 0")
     return Roofline(hw, ModelCost(n * bytes_per_param, 2 * n))
-
-
-def moe_shape(name: str):
-    """The published LLaDA2.0 shapes (inclusionAI config.json): mini 16B (1.4B active), flash 100B."""
-    from unmask.layers.moe import MoEConfig
-    from unmask.models.base import ArchConfig
-
-    d, layers, heads, dense, expert = {"llada2-mini": (2048, 20, 16, 5120, 512),
-                                       "llada2-flash": (4096, 32, 32, 9216, 1024)}[name]
-    moe = MoEConfig(num_experts=256, top_k=8, expert_size=expert, shared_size=expert, first_dense=1, n_group=8,
-                    topk_group=4, routed_scale=2.5, expert_bias=True)
-    return ArchConfig("llada2", 157184, d, layers, heads, 4, dense, 600000.0, 1e-6, 32768, qk_norm=True,
-                      rotary_dim=64, block_size=32, moe=moe)
-
-
-def renoise_shape(name: str):
-    """DiffusionGemma 26B-A4B: the Gemma 4 26B-A4B text stack (its published config: 30 layers of
-    hidden 2816, 16 heads, 8 key/value heads of 256 on sliding layers and 2 of 512 on every sixth
-    (full) layer, window 1024, dense MLP 2112 beside 128 experts of 704, top 8, vocabulary 262144)."""
-    from unmask.models.diffusion_gemma_config import diffusion_gemma_arch
-
-    assert name == "diffusiongemma-26b-a4b"
-    return diffusion_gemma_arch({"canvas_length": 256, "text_config": {
-        "vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512,
-        "num_global_key_value_heads": 2, "num_experts": 128, "top_k_experts": 8, "moe_intermediate_size": 704,
-        "sliding_window": 1024, "max_position_embeddings": 262144}})
-
-
-def dense_shape(name: str):
-    """LLaDA-8B (GSAI-ML/LLaDA-8B-Instruct config.json): 32 layers of 4096, 32 heads (no GQA), MLP
-    12288, vocabulary 126464, untied head. Qwen3-8B (Qwen/Qwen3-8B config.json, the target of
-    z-lab's Qwen3-8B-DFlash-b16): causal, 36 layers of 4096, 32 heads, 8 key/value heads of 128,
-    MLP 12288, vocabulary 151936, untied head."""
-    from unmask.models.base import ArchConfig
-
-    if name == "qwen3-8b":
-        return ArchConfig("qwen3", 151936, 4096, 36, 32, 8, 12288, 1000000.0, 1e-6, 40960, causal=True,
-                          head_size=128, qk_norm=True)
-    assert name == "llada-8b"
-    return ArchConfig("llada", 126464, 4096, 32, 32, 32, 12288, 500000.0, 1e-5, 4096)
-
-
-DENSE_SHAPES = ("llada-8b", "qwen3-8b")
-
-
-MOE_SHAPES = ("llada2-mini", "llada2-flash")
-
-
-RENOISE_SHAPES = ("diffusiongemma-26b-a4b",)
 
 
 def moe_table(r: Roofline, context: int, blocks=(1, 4, 8, 16, 32, 64), batches=(1, 8, 64)) -> list[dict]:

@@ -3,7 +3,8 @@ beyond AR against diffusion: the time of one forward per block size and batch, a
 drafter's pay-off, tensor parallelism over a link, a renoising model's step count against AR,
 and a mixture-of-experts model's active weights per block."""
 
-from unmask.bench.roofline import Hardware, ModelCost, Roofline
+from unmask.bench.hardware import Hardware
+from unmask.bench.roofline import ModelCost, Roofline
 
 
 def step_table(rooflines: dict, arch, context: int, positions=(1, 8, 32), batches=(1, 8)) -> dict:

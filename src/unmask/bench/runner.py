@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from unmask.bench.grid import BenchConfig
-from unmask.bench.roofline import ModelCost, Roofline, for_device
+from unmask.bench.hardware import for_device
+from unmask.bench.roofline import ModelCost, Roofline
 from unmask.bench.stats import mcnemar_exact, paired_bootstrap, percentile, wilson_interval
 from unmask.evaluate import run_task
 from unmask.llm import LLM

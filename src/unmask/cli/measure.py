@@ -157,13 +157,10 @@ def cmd_roofline(a: argparse.Namespace) -> int:
         from unmask.models.loader import read_json
         from unmask.models.registry import resolve_family
 
-        if a.model in rl.MOE_SHAPES:
-            arch = rl.moe_shape(a.model)
-        elif a.model in rl.DENSE_SHAPES:
-            arch = rl.dense_shape(a.model)
-        elif a.model in rl.RENOISE_SHAPES:
-            arch = rl.renoise_shape(a.model)
-        else:
+        from unmask.bench.shapes import shape
+
+        arch = shape(a.model)  # a released model's published shape, or a checkpoint's config
+        if arch is None:
             folder = resolve_model_path(a.model)
             cfg = read_json(folder / "config.json")
             arch = resolve_family(cfg).arch_of(cfg, folder)
