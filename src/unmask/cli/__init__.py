@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from unmask.cli import decode, measure, models, serve, train
+from unmask.cli import decode, evaluate, measure, models, serve, train
 from unmask.cli.common import Parser, params_from_args
 from unmask.errors import UnmaskError, UnmaskWarning
 
@@ -24,7 +24,7 @@ COMMANDS: dict = {}
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="unmask", description="Fast inference for masked diffusion language models.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for group in (models, decode, train, measure, serve):
+    for group in (models, decode, evaluate, train, measure, serve):
         for name, fn in group.add_parsers(sub).items():
             COMMANDS.setdefault(name, fn)
     return parser
