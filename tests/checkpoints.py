@@ -346,13 +346,13 @@ def write_llada2(folder, d=32, layers=3, heads=4, kv_heads=2, ff=48, experts=8, 
 
 
 def write_llada_moe(folder, d=32, layers=3, heads=4, ff=48, experts=8, top_k=2, eff=16, shared_ff=24, seed=0,
-                    shards=2, moe_layer_freq=(0, 1, 1), expert_bias=True, **extra) -> Path:
+                    shards=2, moe_layer_freq=(0, 1, 1), expert_bias=True, bpe: bool = False, **extra) -> Path:
     """LLaDA-MoE's layout (inclusionAI/LLaDA-MoE-7B-A1B-Instruct): OLMoE-style keys (self_attn.{q,k,v,o}_proj,
     per-head q_norm / k_norm, mlp.gate, mlp.experts.{e}, mlp.expert_bias, shared_expert beside mlp),
     model_type "llada" with the LLaDAMoEModelLM architecture, a dense first layer (moe_layer_freq 0)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = _write_tokenizer(folder, LLADA_SPECIALS)
+    vocab = _write_tokenizer(folder, LLADA_SPECIALS, bpe=bpe)
     V = len(vocab)
     cfg = {
         "architectures": ["LLaDAMoEModelLM"], "model_type": "llada",

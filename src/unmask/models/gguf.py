@@ -6,7 +6,10 @@ Q4_K, Q5_K, Q6_K, ...), and its tokenizer (tokens, merges, special ids, chat tem
 reads the diffusion architectures llama.cpp's converter writes and unmask runs:
 
 - `llada` (LLaDA; the converter permutes q and k for llama.cpp's rotary layout: undone here),
-- `dream` (Dream).
+- `dream` (Dream),
+- `llada-moe` (LLaDA-MoE, as llama.cpp runs it: every layer routed, softmax router weights not
+  renormalised, no shared expert, no expert bias; the converter stacks each layer's experts into
+  one tensor per projection, `blk.N.ffn_{gate,up,down}_exps`, read back expert by expert).
 
 The settings become the family's config.json fields (so the model is built exactly as from its
 safetensors release); each tensor is found by the name llama.cpp's own table gives the
@@ -16,6 +19,7 @@ from the file (GPT-2-style byte-level BPE: `tokenizer.ggml.model` "gpt2"). Stric
 architecture, tokenizer model or storage type is refused by name."""
 
 import mmap
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +28,9 @@ import torch
 from unmask.errors import CheckpointError
 
 # architecture -> how its settings become the release's config.json
-ARCHITECTURES = ("llada", "dream")
+ARCHITECTURES = ("llada", "dream", "llada-moe")
+# a release's per-expert tensor (the stacked GGUF tensor's slice `expert`)
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -63,6 +69,7 @@ class GGUFFile:
             raise CheckpointError(f"{self.path}: GGUF architecture {self.arch!r} is not one unmask runs; it reads "
                                   f"{', '.join(ARCHITECTURES)} (other models: their safetensors release)")
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self._stacked: dict[str, torch.Tensor] = {}  # one layer's stacked experts, dequantized (read expert by expert)
         bad = sorted({t.tensor_type.name for t in self.reader.tensors} - set(TYPES))
         if bad:
             raise CheckpointError(f"{self.path}: tensor type {bad[0]} is not one unmask reads; it reads "
@@ -87,7 +94,8 @@ class GGUFFile:
         a, m = self.arch, self.meta
         d, heads = int(self._need("embedding_length")), int(self._need("attention.head_count"))
         kv = int(m.get(f"{a}.attention.head_count_kv") or heads)
-        layers, ff = int(self._need("block_count")), int(self._need("feed_forward_length"))
+        layers = int(self._need("block_count"))
+        ff = 0 if a == "llada-moe" else int(self._need("feed_forward_length"))  # a mixture's: its experts'
         vocab = int(m.get(f"{a}.vocab_size") or len(m.get("tokenizer.ggml.tokens") or []))
         theta = float(m.get(f"{a}.rope.freq_base") or 10000.0)
         # stored as float32: the decimal the release wrote (1e-05, not 9.999999747378752e-06)
@@ -107,30 +115,55 @@ class GGUFFile:
                     "rms_norm_eps": eps, "layer_norm_type": "rms", "block_type": "llama", "activation_type": "silu",
                     "include_bias": False, "include_qkv_bias": bias, "weight_tying": tied, "alibi": False,
                     "scale_logits": False, "block_group_size": 1, **ids}
+        if a == "llada-moe":
+            return self._llada_moe(d, heads, kv, layers, vocab, theta, eps, ctx, tied, ids)
         return {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": d, "num_hidden_layers": layers,
                 "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": ff, "vocab_size": vocab,
                 "rms_norm_eps": eps, "rope_theta": theta, "max_position_embeddings": ctx,
                 "tie_word_embeddings": tied, **ids}
 
+    def _llada_moe(self, d, heads, kv, layers, vocab, theta, eps, ctx, tied, ids) -> dict:
+        """LLaDA-MoE's config.json fields as llama.cpp's graph computes the file (llama.cpp
+        src/models/llada-moe.cpp): routed experts in every layer, softmax weights of the top k not
+        renormalised, per-head q/k norms, no shared expert and no expert bias."""
+        a, m = self.arch, self.meta
+        head_dim = d // heads
+        rot = int(m.get(f"{a}.rope.dimension_count") or head_dim)
+        return {"architectures": ["LLaDAMoEModelLM"], "model_type": "llada", "hidden_size": d,
+                "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv,
+                "vocab_size": vocab, "max_position_embeddings": ctx, "rms_norm_eps": eps, "rope_theta": theta,
+                "partial_rotary_factor": rot / head_dim, "num_experts": int(self._need("expert_count")),
+                "num_experts_per_tok": int(self._need("expert_used_count")),
+                "expert_intermediate_size": int(self._need("expert_feed_forward_length")),
+                "moe_layer_freq": [1] * layers, "shared_expert_intermediate_size": 0,
+                "moe_router_enable_expert_bias": False, "norm_topk_prob": False,
+                "qk_layernorm": "blk.0.attn_q_norm.weight" in self.tensors,
+                "attention_bias": "blk.0.attn_q.bias" in self.tensors, "tie_word_embeddings": tied, **ids}
+
     def names(self, wanted: list[str], layers: int) -> dict[str, str]:
         """The release's tensor names `wanted` -> this file's (llama.cpp's table); names the file
-        does not hold are left out (the loader then names them as missing)."""
+        does not hold are left out (the loader then names them as missing). A release's
+        per-expert tensor maps to its expert's slice of the stacked tensor, "NAME#EXPERT"."""
         gguf = _gguf()
-        table = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, self.arch.upper()), layers)
+        table = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, self.arch.upper().replace("-", "_")), layers)
         out = {}
         for k in wanted:
-            g = table.get_name(k, try_suffixes=(".weight", ".bias"))
+            expert = _EXPERT.match(k)
+            g = table.get_name(f"{expert[1]}.{expert[3]}.weight" if expert else k, try_suffixes=(".weight", ".bias"))
             if g is not None and g in self.tensors:
-                out[k] = g
+                out[k] = f"{g}#{expert[2]}" if expert else g
         return out
 
     def unmapped(self, mapped: dict[str, str]) -> list[str]:
         """The file's tensors no release name maps to (the loader refuses them by name)."""
-        return sorted(set(self.tensors) - set(mapped.values()))
+        return sorted(set(self.tensors) - {v.split("#")[0] for v in mapped.values()})
 
     def read(self, name: str, release_name: str, cfg: dict) -> torch.Tensor:
         """Tensor `name` dequantized to float32, in the release's layout (LLaDA's q and k
         unpermuted)."""
+        if "#" in name:  # one expert of a stacked tensor
+            base, expert = name.split("#")
+            return self._expert(base)[int(expert)]
         gguf = _gguf()
         t = self.tensors[name]
         kind = t.tensor_type
@@ -143,6 +176,15 @@ class GGUFFile:
         self._release(t)
         heads = self._permuted_heads(name, cfg)
         return out if heads is None else _unpermute(out, heads)
+
+    def _expert(self, name: str) -> torch.Tensor:
+        """Stacked tensor `name` (experts, out, in) dequantized, kept while its layer is read (a
+        loader asks for its experts one by one; another layer's drops it)."""
+        if name not in self._stacked:
+            layer = name.split(".")[1]
+            self._stacked = {k: v for k, v in self._stacked.items() if k.split(".")[1] == layer}
+            self._stacked[name] = self.read(name, name, {})
+        return self._stacked[name]
 
     def _permuted_heads(self, name: str, cfg: dict) -> int | None:
         """The head count of a tensor llama.cpp's converter permuted for its rotary layout (LLaDA's
@@ -168,7 +210,8 @@ class GGUFFile:
             pass
 
     def is_q4_0(self, name: str) -> bool:
-        return self.tensors[name].tensor_type == _gguf().GGMLQuantizationType.Q4_0
+        """Whether tensor `name` is stored Q4_0 (an expert's slice is dequantized: experts stay int8)."""
+        return "#" not in name and self.tensors[name].tensor_type == _gguf().GGMLQuantizationType.Q4_0
 
     def read_q4_0(self, name: str, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """A Q4_0 tensor as stored, in the release's layout: (nibbles (out, in) uint8 0..15 meaning

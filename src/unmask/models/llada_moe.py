@@ -65,7 +65,7 @@ def llada_moe_arch(cfg: dict) -> ArchConfig:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=cfg_int(cfg, "num_key_value_heads", heads),
-        intermediate_size=max(dense, 1),
+        intermediate_size=dense if moe.dense_layers else 1,  # the dense layers' MLP (unused without any)
         rope_theta=cfg_float(cfg, "rope_theta", 10000.0),
         norm_eps=cfg_float(cfg, "rms_norm_eps", 1e-5),
         max_positions=cfg_int(cfg, "max_position_embeddings", 4096),
