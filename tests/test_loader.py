@@ -242,3 +242,30 @@ def test_loading_builds_modules_without_their_initialisers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"})
     assert out.stdout.split() == ["False", "True"], out.stderr[-500:]
+
+
+def test_float_weights_are_the_files_pages_mapped_copy_on_write(tmp_path):
+    """A float32 weight loaded on the CPU is a view of its shard's (or GGUF file's) pages, mapped
+    privately: nothing copied at load, and a weight changed in place never reaches the file."""
+    from pathlib import Path
+
+    src = write_llada(tmp_path / "m", shards=2)
+    shards = sorted(src.glob("*.safetensors"))
+    before = [f.read_bytes() for f in shards]
+    llm = LLM(src, linear_kernel="default")
+    private = lambda f: any(line.endswith(str(f)) and " rw-p " in line  # noqa: E731  (copy-on-write)
+                            for line in Path("/proc/self/maps").read_text().splitlines())
+    assert all(private(f) for f in shards)
+    files = {}
+    for f in shards:
+        files.update(load_file(f))
+    state = llm.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in files.items())
+    with torch.no_grad():
+        for p in llm.model.parameters():
+            p.add_(1.0)  # this process's copy of the pages
+    assert [f.read_bytes() for f in shards] == before
+    assert torch.equal(llm.model.state_dict()[next(iter(files))], files[next(iter(files))] + 1.0)
+    gguf = Path(__file__).parent / "data" / "gguf-upstream" / "dream-f32.gguf"
+    gg = LLM(gguf, linear_kernel="default")
+    assert private(gguf) and gg.arch.family == "dream"

@@ -18,6 +18,7 @@ float32 (gguf.quants.dequantize, llama.cpp's reference dequantization). The toke
 from the file (GPT-2-style byte-level BPE: `tokenizer.ggml.model` "gpt2"). Strict: another
 architecture, tokenizer model or storage type is refused by name."""
 
+import math
 import mmap
 import re
 from pathlib import Path
@@ -70,6 +71,7 @@ class GGUFFile:
                                   f"{', '.join(ARCHITECTURES)} (other models: their safetensors release)")
         self.tensors = {t.name: t for t in self.reader.tensors}
         self._stacked: dict[str, torch.Tensor] = {}  # one layer's stacked experts, dequantized (read expert by expert)
+        self._mapped = None  # the file mapped copy-on-write, once an F32 tensor is used as stored
         bad = sorted({t.tensor_type.name for t in self.reader.tensors} - set(TYPES))
         if bad:
             raise CheckpointError(f"{self.path}: tensor type {bad[0]} is not one unmask reads; it reads "
@@ -158,20 +160,29 @@ class GGUFFile:
         """The file's tensors no release name maps to (the loader refuses them by name)."""
         return sorted(set(self.tensors) - {v.split("#")[0] for v in mapped.values()})
 
-    def read(self, name: str, release_name: str, cfg: dict) -> torch.Tensor:
+    def read(self, name: str, release_name: str, cfg: dict, mapped: bool = False) -> torch.Tensor:
         """Tensor `name` dequantized to float32, in the release's layout (LLaDA's q and k
-        unpermuted)."""
+        unpermuted). `mapped`: an F32 tensor used as stored is the file's own pages, mapped
+        copy-on-write (unmask.models.reading.Mapped), not a copy."""
         if "#" in name:  # one expert of a stacked tensor
             base, expert = name.split("#")
             return self._expert(base)[int(expert)]
         gguf = _gguf()
         t = self.tensors[name]
         kind = t.tensor_type
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dimensions fastest first
+        if mapped and kind == gguf.GGMLQuantizationType.F32 and self._permuted_heads(name, cfg) is None and \
+                int(t.data_offset) % 4 == 0 and math.prod(shape) > 0:
+            from unmask.models.reading import Mapped
+
+            if self._mapped is None:
+                with open(self.path, "rb") as fh:
+                    self._mapped = Mapped(fh)
+            return self._mapped.tensor(self.path, name, int(t.data_offset), int(t.n_bytes), shape, torch.float32)
         if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
             a = np.array(t.data, dtype=np.float32)  # a copy: the file stays mapped read-only
         else:
             a = gguf.quants.dequantize(np.asarray(t.data), kind).astype(np.float32, copy=False)
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dimensions fastest first
         out = torch.from_numpy(np.ascontiguousarray(a).reshape(shape))
         self._release(t)
         heads = self._permuted_heads(name, cfg)
@@ -192,6 +203,12 @@ class GGUFFile:
         if self.arch == "llada" and name.startswith("blk.") and (".attn_q." in name or ".attn_k." in name):
             return cfg["n_heads"] if ".attn_q." in name else cfg["n_kv_heads"]
         return None
+
+    def release(self, name: str) -> None:
+        """Give back the mapped pages of tensor `name` (a reader copied it elsewhere)."""
+        t = self.tensors.get(name.split("#")[0])
+        if t is not None and self._mapped is not None and "#" not in name:
+            self._mapped.release(int(t.data_offset), int(t.n_bytes))
 
     def _release(self, t) -> None:
         """Drop tensor `t`'s pages of the file mapping from this process once it has been copied

@@ -2,15 +2,18 @@
 build and by which rules; this fills it).
 
 A meta-device model is filled strictly (every weight present, none unexpected, shapes checked):
-safetensors tensors are read in chunks of whole rows by plain file reads (no shard mapped into
-memory), each chunk checked finite and converted into the final tensor (float32, bf16, or int8 /
-int4 quantized as read, `convert`), so a load never holds a tensor twice; GGUF tensors are
-dequantized one at a time (a Q4_0 tensor kept as stored under int4). Tensor parallelism reads
-only this rank's slices.
+a safetensors tensor already in the model's dtype on the CPU is the shard's own pages, mapped
+copy-on-write (`Mapped`: nothing copied at load, the page cache shared with other processes;
+one that moves to oneDNN gives its pages back once reordered); any other is read in chunks of
+whole rows by plain file reads, each chunk checked finite and converted into the final tensor
+(float32 from bf16, or int8 / int4 quantized as read, `convert`), so a load never holds a tensor
+twice; GGUF tensors are dequantized one at a time (a Q4_0 tensor kept as stored under int4).
+Tensor parallelism reads only this rank's slices.
 """
 
 import json
 import math
+import mmap
 from pathlib import Path
 
 import torch
@@ -153,15 +156,43 @@ _FLOATS = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 CHUNK_BYTES = 16 << 20  # rows are read, checked and converted this many source bytes at a time
 
 
+class Mapped:
+    """A shard mapped copy-on-write (a private mapping: a weight written in place changes this
+    process's copy of its page, never the file): tensors that are views of its pages, and their
+    pages given back (`release`) when a tensor was copied elsewhere (a oneDNN reorder). The
+    mapping lives as long as a tensor made from it."""
+
+    def __init__(self, fh) -> None:
+        self.mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    def tensor(self, f: Path, k: str, offset: int, nbytes: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        count = math.prod(shape)
+        if count * dtype.itemsize != nbytes:
+            raise CheckpointError(f"{f}: weight {k!r} holds {nbytes} bytes, not a {dtype} tensor of shape {shape}")
+        if offset + nbytes > len(self.mm):
+            raise CheckpointError(f"{f} is truncated: weight {k!r} ends past the end of the file")
+        return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=offset).view(shape)
+
+    def release(self, offset: int, nbytes: int) -> None:
+        """Drop the pages of [offset, offset + nbytes) from this process (clean pages: the page
+        cache keeps them, and a later touch reads them again)."""
+        lo = offset // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            self.mm.madvise(mmap.MADV_DONTNEED, lo, min(offset + nbytes, len(self.mm)) - lo)
+        except (OSError, ValueError, AttributeError):  # a platform without it: the pages are simply kept
+            pass
+
+
 def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict,
                 convert=None, adopt=None) -> None:
-    """Read `keys` of shard `f` into `state` (or, for the weights `convert` takes, into it): whole
-    tensors in chunks of rows by plain reads, each chunk converted into the final tensor, so a load
-    never holds a tensor twice nor maps a shard's pages into memory; this rank's slices (`specs`)
-    through safetensors."""
+    """Read `keys` of shard `f` into `state` (or, for the weights `convert` takes, into it): a
+    tensor already in `dtype` on the CPU as a view of the shard's pages (`Mapped`), any other
+    whole in chunks of rows by plain reads, each chunk converted into the final tensor, so a load
+    never holds a tensor twice; this rank's slices (`specs`) through safetensors."""
     with safe_open(f, framework="pt", device="cpu") as sf:
         present = set(sf.keys())
         base, header = _header(f)
+        mapped = None
         with open(f, "rb") as fh:
             for k in keys:
                 if k not in present:
@@ -198,6 +229,17 @@ def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, d
                     convert(k, ("int4", q, scale) if four else (q, scale))
                     del q, scale, into
                     continue
+                if _FLOATS[kind] == dtype and torch.device(device).type == "cpu" and math.prod(shape) > 0 and \
+                        (base + begin) % dtype.itemsize == 0:  # the shard's own pages
+                    mapped = mapped or Mapped(fh)
+                    out = mapped.tensor(f, k, base + begin, end - begin, shape, dtype)
+                    _check_finite(f, k, out)
+                    if adopt is None or not adopt(k, out):
+                        state[k] = out
+                    else:  # reordered into memory of its own: its pages go back
+                        mapped.release(base + begin, end - begin)
+                    del out
+                    continue
                 out = torch.empty(shape, dtype=dtype)
                 flat = out.view(shape[0] if shape else 1, -1)
 
@@ -219,7 +261,8 @@ def _read_gguf(source, cfg: dict, keys: list[str], expected: dict, state: dict, 
         if convert is not None and convert(k, None) == "int4" and source.is_q4_0(source.release_names[k]):
             convert(k, ("int4", *source.read_q4_0(source.release_names[k], cfg)))  # kept as stored
             continue
-        t = source.read(source.release_names[k], k, cfg)
+        t = source.read(source.release_names[k], k, cfg, mapped=dtype == torch.float32 and
+                        torch.device(device).type == "cpu")
         if tuple(t.shape) != tuple(expected[k]):
             raise CheckpointError(f"{source.path}: tensor {source.release_names[k]!r} ({k}) has shape "
                                   f"{tuple(t.shape)}, expected {tuple(expected[k])}")
@@ -230,6 +273,8 @@ def _read_gguf(source, cfg: dict, keys: list[str], expected: dict, state: dict, 
         t = t.to(device=device, dtype=dtype)
         if adopt is None or not adopt(k, t):
             state[k] = t
+        else:  # reordered into memory of its own: a mapped tensor's pages go back
+            source.release(source.release_names[k])
 
 
 def _header(f: Path) -> tuple[int, dict]:
