@@ -154,6 +154,50 @@ def test_q4_0_stays_in_four_bits_with_int4(wide):
     assert [len(r.raw_ids) for r in packed.generate(ids, packed.default_params(gen_length=8)).results] == [8] * 3
 
 
+def test_q4_k_stays_in_four_bits_with_int4(wide):
+    """With quantize="int4" a Q4_K tensor (llama.cpp's k-quant: unsigned nibbles, a scale and a
+    minimum per group of 32) keeps its nibbles as stored and its minimums as per-group offsets:
+    the layout read back is llama.cpp's own dequantization, and each int4 layer multiplies by the
+    weight the float load dequantizes, within one int8 step of its row (the scales' codes) and one
+    of its offsets (held in int8); a row's output does not depend on the rest of the batch."""
+    import gguf
+
+    from unmask.layers.int4 import GROUP, Int4Linear, dequantize, from_q4_k_blocks
+
+    f = GGUFFile(DATA / "llada256-q4_k_m.gguf")
+    q4k = {n: t for n, t in f.tensors.items() if t.tensor_type.name == "Q4_K"}
+    assert q4k
+    for t in q4k.values():
+        rows, cols = (int(x) for x in reversed(t.shape.tolist()))
+        q, scale, offset = from_q4_k_blocks(np.asarray(t.data), rows, cols)
+        ref = torch.from_numpy(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)).reshape(rows, cols)
+        mine = (dequantize(q, scale).view(rows, -1, GROUP) + offset[..., None]).reshape(rows, cols)
+        assert torch.allclose(mine, ref, rtol=0, atol=1e-6 * ref.abs().max().item()), t.name
+    plain, packed = LLM(f.path), LLM(f.path, quantize="int4")
+    names = {v: k for k, v in f.names(list(plain.model.state_dict()), 1).items()}
+    weights = plain.model.state_dict()
+    kept = 0
+    for name in q4k:
+        layer = names[name].removesuffix(".weight")
+        m = packed.model.get_submodule(layer)
+        if isinstance(plain.model.get_submodule(layer), torch.nn.Embedding):  # the token embedding: int8
+            continue
+        assert isinstance(m, Int4Linear) and m.offset_codes is not None, layer
+        w = weights[names[name]]
+        # one int8 step of the row (the scales' codes) and one of the offsets' int8 rows
+        step = (m.r + m.offset_scale)[: m.out_features, None]
+        assert ((m.dequantized() - w).abs() <= step * (1 + 1e-5) + 1e-6).all(), layer
+        x = torch.randn(5, w.shape[1])
+        ref = x @ m.dequantized().T  # the kernel's int8 activations cost ~0.7 % (without the offsets: ~40 %)
+        y = m(x)
+        assert ((y - ref).norm() / ref.norm()).item() < 0.02, layer
+        assert all(torch.equal(m(x[i : i + 1]), y[i : i + 1]) for i in range(5)), layer
+        kept += 1
+    assert kept == 5  # q, k, o, gate, up (v and down are Q6_K in a Q4_K_M file)
+    ids = [wide.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    assert [len(r.raw_ids) for r in packed.generate(ids, packed.default_params(gen_length=8)).results] == [8] * 3
+
+
 def _write(path: Path, arch: str, tensors: dict, meta: dict | None = None) -> Path:
     import gguf
 

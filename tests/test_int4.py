@@ -41,13 +41,14 @@ def test_the_rounding_is_llama_cpps_q4_0():
 
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 9), k_groups=st.integers(1, 6), n=st.integers(1, 40), bias=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_the_kernel_is_its_reference_at_every_shape(m, k_groups, n, bias, seed):
+       offsets=st.booleans(), seed=st.integers(0, 2**16))
+def test_the_kernel_is_its_reference_at_every_shape(m, k_groups, n, bias, offsets, seed):
     """Row counts off the 4-row tile, inputs off the 64 the kernel pads to, outputs off its 8 and its
-    16-row blocks."""
+    16-row blocks; with and without per-group offsets (a Q4_K tensor's minimums)."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, 32 * k_groups, generator=g)
-    layer = Int4Linear.from_weight(w, torch.randn(n, generator=g) if bias else None)
+    off = torch.randn(n, k_groups, generator=g) if offsets else None
+    layer = Int4Linear(*quantize_groups(w), torch.randn(n, generator=g) if bias else None, offsets=off)
     x = torch.randn(m, 32 * k_groups, generator=g) * 3
     x[0] = 0 if m > 2 else x[0]  # a row of zeros
     y = layer(x)
@@ -55,10 +56,12 @@ def test_the_kernel_is_its_reference_at_every_shape(m, k_groups, n, bias, seed):
     torch.testing.assert_close(y.double(), reference(layer, x), rtol=1e-4, atol=1e-4)
 
 
-def test_a_row_does_not_depend_on_the_others():
+@pytest.mark.parametrize("offsets", [False, True])
+def test_a_row_does_not_depend_on_the_others(offsets):
     """Activations are quantized per row and sums are integers: each row's output alone equals it
-    in any batch (the engine's invariant), whatever the row count's tiling."""
-    layer = Int4Linear.from_weight(torch.randn(24, 4160))  # inputs over two of the kernel's chunks
+    in any batch (the engine's invariant), whatever the row count's tiling, offsets or not."""
+    w = torch.randn(24, 4160)  # inputs over two of the kernel's chunks
+    layer = Int4Linear(*quantize_groups(w), offsets=torch.randn(24, 130) if offsets else None)
     x = torch.randn(19, 4160)
     whole = layer(x)
     assert all(torch.equal(layer(x[i : i + 1]), whole[i : i + 1]) for i in range(19))
@@ -122,12 +125,14 @@ def test_every_instruction_set_computes_the_same(isa):
     assert k.isa() == isa and torch.equal(k.table(), int4.table())
     g = torch.Generator().manual_seed(1)
     for m, n, cols in [(1, 5, 96), (7, 12, 256), (33, 9, 64), (9, 3, 4160), (6, 57, 320)]:
-        layer = Int4Linear.from_weight(torch.randn(n, cols, generator=g))
-        x = torch.randn(m, cols, generator=g)
-        args = (layer.packed, layer.codes, layer.r, layer.corr, n)
-        y = k.linear(x, *args)
-        assert torch.equal(y, native.linear(x, *args))
-        torch.testing.assert_close(y.double(), reference(layer, x), rtol=1e-4, atol=1e-4)
+        for offsets in (None, torch.randn(n, cols // 32, generator=g)):
+            layer = Int4Linear(*quantize_groups(torch.randn(n, cols, generator=g)), offsets=offsets)
+            x = torch.randn(m, cols, generator=g)
+            args = (layer.packed, layer.codes, layer.r, layer.corr, n,
+                    None if offsets is None else (layer.offset_codes, layer.offset_scale))
+            y = k.linear(x, *args)
+            assert torch.equal(y, native.linear(x, *args))
+            torch.testing.assert_close(y.double(), reference(layer, x), rtol=1e-4, atol=1e-4)
 
 
 def test_the_front_ends_take_int4():

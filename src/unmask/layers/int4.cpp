@@ -29,6 +29,11 @@
 // shapes, where a register holding one row x 64 inputs (the AVX2 path's layout, formerly this
 // one's too) was 1.2-1.5x slower from 8 rows.
 //
+// Offsets (a GGUF Q4_K tensor's minimums, unmask/layers/int4.py): optional int8 codes per group,
+// oc (Np, Kp/32), and a float scale per weight row, ro (Np,): y[m, n] += sx[m] * ro[n] * sum_g
+// oc[n, g] * S[m, g], S the group sums of the row's int8 activations. Integer sums again, so the
+// invariants above hold; a pass after the product, the same on every instruction set.
+//
 // AVX2 / plain C++: blocks of NT weight rows unpacked once into a thread's buffer, in the order
 // the nibbles come out of a 32-byte load (per 64 inputs: 0-15, 32-47, 16-31, 48-63; activations
 // in that order too), then tiles of MT activation rows pass over it, the inputs in chunks of KC.
@@ -82,7 +87,7 @@ constexpr bool SHIFTED = false;
 #endif
 
 // One row of activations -> 64-aligned bytes in nibble order; returns the row's scale (0 for a row of zeros).
-float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out, bool natural) {
+float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out, bool natural, int16_t* sums) {
   float amax = 0.f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
   const float s = amax > 0.f ? amax / 127.f : 1.f;
@@ -94,6 +99,7 @@ float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out, bool nat
         const int64_t k = b + (natural ? 16 * r : where[r]) + j;
         const int v = k < K ? static_cast<int>(std::max(-127.f, std::min(127.f, std::nearbyint(x[k] * inv)))) : 0;
         out[b + 16 * r + j] = static_cast<uint8_t>(SHIFTED ? v + 128 : static_cast<int8_t>(v));
+        if (sums) sums[k / G] = static_cast<int16_t>(sums[k / G] + v);  // |sum| <= 32 * 127
       }
   return amax > 0.f ? s : 0.f;
 }
@@ -301,18 +307,20 @@ void lanes(const int8_t* buf, int64_t ngroups, int64_t c0, int64_t nc, const uin
 
 // x (M, K) float32; packed (Np, Kp/2) uint8 nibbles; codes (Np, Kp/32) uint8; r (Np,) float32;
 // corr (Np,) int32 = 128 * sum of the row's int8 weights; y (M, N) float32, N the real output rows;
-// threads: how many OpenMP threads (PyTorch's count, passed in). Returns 0, or 1 if the shapes do
-// not fit.
+// oc (Np, Kp/32) int8 and ro (Np,) float32: the groups' offsets, or both null; threads: how many
+// OpenMP threads (PyTorch's count, passed in). Returns 0, or 1 if the shapes do not fit.
 extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const uint8_t* w, const uint8_t* cd,
                                   const float* rp, const int32_t* cr, int64_t Np, int64_t Kp, int64_t N, float* yp,
-                                  int threads) {
+                                  const int8_t* oc, const float* ro, int threads) {
   if (Kp % 64 != 0 || Kp < K || Kp - K >= 64 || Np % 8 != 0 || N > Np) return 1;
   std::vector<uint8_t> xq(static_cast<size_t>(M * Kp));
   std::vector<float> xs(static_cast<size_t>(M));
+  const int64_t Gk = Kp / G;
+  std::vector<int16_t> gs(oc ? static_cast<size_t>(M * Gk) : 0);
   uint8_t* q = xq.data();
   float* s = xs.data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (M >= 16)
-  for (int64_t m = 0; m < M; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp, SHIFTED);
+  for (int64_t m = 0; m < M; ++m) s[m] = quantize_row(xp + m * K, K, Kp, q + m * Kp, SHIFTED, oc ? gs.data() + m * Gk : nullptr);
 #if VNNI
   const int64_t lane_groups = Np / 4, per_block = NB / 4, blocks = (lane_groups + per_block - 1) / per_block;
 #pragma omp parallel num_threads(threads)
@@ -379,6 +387,40 @@ extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const u
     }
   }
 #endif
+  if (oc) {  // integer sums: the same result in any order
+    const int16_t* sums = gs.data();
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<int16_t> o16(static_cast<size_t>(Gk));  // the weight row's codes widened once
+#pragma omp for schedule(static)
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t g = 0; g < Gk; ++g) o16[g] = oc[n * Gk + g];
+        const int16_t* o = o16.data();
+        int64_t m = 0;
+        for (; m + 4 <= M; m += 4) {  // four rows per pass over the codes
+          const int16_t *s0 = sums + m * Gk, *s1 = s0 + Gk, *s2 = s1 + Gk, *s3 = s2 + Gk;
+          int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          for (int64_t g = 0; g < Gk; ++g) {
+            const int32_t og = o[g];
+            a0 += og * s0[g];
+            a1 += og * s1[g];
+            a2 += og * s2[g];
+            a3 += og * s3[g];
+          }
+          yp[m * N + n] += s[m] * ro[n] * static_cast<float>(a0);
+          yp[(m + 1) * N + n] += s[m + 1] * ro[n] * static_cast<float>(a1);
+          yp[(m + 2) * N + n] += s[m + 2] * ro[n] * static_cast<float>(a2);
+          yp[(m + 3) * N + n] += s[m + 3] * ro[n] * static_cast<float>(a3);
+        }
+        for (; m < M; ++m) {
+          const int16_t* sm = sums + m * Gk;
+          int32_t a = 0;
+          for (int64_t g = 0; g < Gk; ++g) a += static_cast<int32_t>(o[g]) * static_cast<int32_t>(sm[g]);
+          yp[m * N + n] += s[m] * ro[n] * static_cast<float>(a);
+        }
+      }
+    }
+  }
   return 0;
 }
 

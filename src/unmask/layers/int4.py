@@ -1,5 +1,5 @@
 """4-bit weights for linear layers on CPU (`--quantize int4`, `LLM(..., quantize="int4")`, and GGUF
-files' Q4_0 tensors, their nibbles kept as they are).
+files' Q4_0 and Q4_K tensors, their nibbles kept as they are).
 
 Each weight row is cut into groups of 32 inputs, each group 32 signed 4-bit values (-8..7) and a
 scale, rounded exactly as llama.cpp's Q4_0 rounds them (scale = the group's value of largest
@@ -13,6 +13,14 @@ per row to int8 on the fly, so a row's output depends on nothing else in the bat
 (`_weight_int4pack_mm_for_cpu`) measured 20-55x slower than float32 on this project's machines, and
 its dynamic 4-bit one (`_dyn_quant_matmul_4bit`) has a fast path only on ARM: hence a kernel of our
 own.
+
+A Q4_K tensor (llama.cpp's k-quant: unsigned nibbles q with a scale and a minimum per group of
+32, w = s q - m) keeps its nibbles too: w = s (q - 8) + (8 s - m), the first term the kernel's,
+the second an offset per group that multiplies the group's sum of the input: the offsets are
+held as int8 codes with a scale per weight row, and the kernel adds sum_g code * (the group's
+sum of the row's int8 activations) after its product, again in integer sums, so a row's output
+still depends on nothing else in the batch (an int8 step of the offsets against the ~35 % larger
+weight error of rounding a Q4_K tensor's weights to int4 again).
 
 What stays in floating point: routers and norms. An untied output head and the token embedding
 go to int8 (unmask.layers.quant: Int8Linear, Int8Embedding); a head tied to the embedding stays
@@ -49,21 +57,23 @@ class Kernel:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.unmask_int4_linear.argtypes = [p, i64, i64, p, p, p, p, i64, i64, i64, p, i32]
+        lib.unmask_int4_linear.argtypes = [p, i64, i64, p, p, p, p, i64, i64, i64, p, p, p, i32]
         lib.unmask_int4_linear.restype = i32
         lib.unmask_int4_table.argtypes = [p]
         lib.unmask_int4_isa.restype = ctypes.c_char_p
         self.lib = lib
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, codes: torch.Tensor, r: torch.Tensor,
-               corr: torch.Tensor, n: int) -> torch.Tensor:
-        """x (M, K) float32 -> (M, n): the kernel's product with the packed weight (no bias)."""
+               corr: torch.Tensor, n: int, offsets: tuple | None = None) -> torch.Tensor:
+        """x (M, K) float32 -> (M, n): the kernel's product with the packed weight (no bias), plus
+        the groups' offsets times their input sums when given ((int8 codes (Np, Kp/32), scales (Np,)))."""
         x = x.contiguous()
         m, k = x.shape
         y = torch.empty(m, n)
+        oc, ro = (None, None) if offsets is None else (offsets[0].data_ptr(), offsets[1].data_ptr())
         bad = self.lib.unmask_int4_linear(x.data_ptr(), m, k, packed.data_ptr(), codes.data_ptr(), r.data_ptr(),
                                           corr.data_ptr(), packed.shape[0], 2 * packed.shape[1], n, y.data_ptr(),
-                                          torch.get_num_threads())
+                                          oc, ro, torch.get_num_threads())
         if bad:
             raise ValueError(f"int4 weight ({packed.shape[0]} x {2 * packed.shape[1]} packed) does not fit input "
                              f"{tuple(x.shape)}")
@@ -101,7 +111,8 @@ def _build(isa: str) -> Path:
     if cxx is None:
         raise UnmaskError("int4 weights need their CPU kernel, built here on first use, and no C++ compiler was "
                           "found (install g++ or set CXX)", param="quantize")
-    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *ISA_FLAGS[isa]]
+    # no fused multiply-add: a float expression rounds alike on every instruction set
+    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", *ISA_FLAGS[isa]]
     key = hashlib.sha256(src.read_bytes() + " ".join([cxx, *flags, _cpu()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("UNMASK_CACHE_DIR") or Path.home() / ".cache" / "unmask") / "kernels"
     lib = cache / f"unmask_int4_{isa}_{key}.so"
@@ -162,6 +173,25 @@ def from_q4_0_blocks(raw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Ten
     return q.reshape(rows, cols), d
 
 
+def from_q4_k_blocks(raw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GGUF Q4_K data (rows * cols/256 blocks of 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit
+    scales and minimums for 8 groups of 32, 128 bytes of nibbles) -> (nibbles uint8 (rows, cols)
+    0..15, scales float32 (rows, cols/32), offsets float32 (rows, cols/32)) with w = scale * (q -
+    8) + offset: llama.cpp's w = d sc q - dmin m, its group layout (a run of 32 bytes holds one
+    group in its low nibbles and the next in its high ones)."""
+    from gguf.quants import Q4_K
+
+    b = np.array(raw, dtype=np.uint8).reshape(-1, 144)
+    d = b[:, 0:2].view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(b[:, 4:16])
+    scale = torch.from_numpy(d * sc.astype(np.float32))  # (blocks, 8)
+    low = torch.from_numpy(dmin * m.astype(np.float32))
+    qs = torch.from_numpy(b[:, 16:]).reshape(-1, 4, 1, 32)
+    q = torch.cat([qs & 15, qs >> 4], 2).reshape(rows, cols)  # group 2c: low nibbles of run c, 2c+1 high
+    return q, scale.reshape(rows, cols // GROUP), (8 * scale - low).reshape(rows, cols // GROUP)
+
+
 def table() -> torch.Tensor:
     """The int8 weight of each (scale code + 128, nibble): round((q - 8) * c / 8), as the kernel's."""
     c = torch.arange(256, dtype=torch.float64)[:, None] - 128
@@ -177,14 +207,17 @@ class Int4Linear(nn.Module):
     scale r = max |d| * 8 / 127: the 4-bit value put on the row's int8 grid, which the kernel
     multiplies as int8 x int8 with int32 sums (unmask/layers/int4.cpp). The re-expression moves a
     weight by at most one int8 step r (half for the code, half for the grid), 8/127 of a 4-bit step
-    of the row's largest group (`dequantized()` gives the weight multiplied)."""
+    of the row's largest group (`dequantized()` gives the weight multiplied). `offsets` (out,
+    in/32): a float added to each group's weights (Q4_K's minimums: see the module docstring)."""
 
     def __init__(self, nibbles: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
-                 like: nn.Module | None = None) -> None:
+                 like: nn.Module | None = None, offsets: torch.Tensor | None = None) -> None:
         super().__init__()
         out, cols = nibbles.shape
         if cols % GROUP:
             raise ValueError(f"int4 weights need inputs in groups of {GROUP}; this layer has {cols}")
+        if offsets is not None and tuple(offsets.shape) != (out, cols // GROUP):
+            raise ValueError(f"int4 offsets of shape {tuple(offsets.shape)}, expected {(out, cols // GROUP)}")
         self.in_features, self.out_features = cols, out
         kp, np_ = -(-cols // 64) * 64, -(-out // 8) * 8
         q = torch.full((np_, kp), 8, dtype=torch.uint8)
@@ -205,7 +238,19 @@ class Int4Linear(nn.Module):
         self.register_buffer("r", (top * 8 / 127).float(), persistent=False)
         self.register_buffer("corr", corr, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
-        self.weight_bytes = self.packed.numel() + self.codes.numel() + 4 * np_
+        # the groups' offsets (Q4_K's minimums): int8 codes per group and a scale per weight row
+        oc = ro = None
+        if offsets is not None:
+            o = torch.zeros(np_, kp // GROUP, dtype=torch.float64)
+            o[:out, : cols // GROUP] = offsets.double()
+            top = o.abs().amax(1)
+            ro = torch.where(top > 0, top / 127, torch.ones_like(top))
+            oc = torch.round(o / ro[:, None]).clamp(-127, 127).to(torch.int8)
+            ro = ro.float()
+        self.register_buffer("offset_codes", oc, persistent=False)
+        self.register_buffer("offset_scale", ro, persistent=False)
+        self.weight_bytes = self.packed.numel() + self.codes.numel() + 4 * np_ + \
+            (0 if oc is None else oc.numel() + 4 * np_)
         if like is not None:
             self._forward_hooks.update(like._forward_hooks)
 
@@ -228,12 +273,16 @@ class Int4Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float weight this layer multiplies by (out, in)."""
-        w = self.int8_weight().float() * self.r[:, None]
-        return w[: self.out_features, : self.in_features]
+        w = (self.int8_weight().float() * self.r[:, None])[: self.out_features, : self.in_features]
+        if self.offset_codes is not None:
+            o = (self.offset_codes.float() * self.offset_scale[:, None])[: self.out_features, : self.in_features // GROUP]
+            w = (w.view(self.out_features, -1, GROUP) + o[..., None]).reshape(w.shape)
+        return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()
-        y = kernel().linear(flat, self.packed, self.codes, self.r, self.corr, self.out_features)
+        offsets = None if self.offset_codes is None else (self.offset_codes, self.offset_scale)
+        y = kernel().linear(flat, self.packed, self.codes, self.r, self.corr, self.out_features, offsets)
         if self.bias is not None:
             y += self.bias
         return y.view(*x.shape[:-1], self.out_features).to(x.dtype)

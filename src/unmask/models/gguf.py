@@ -226,22 +226,26 @@ class GGUFFile:
         except (OSError, ValueError):  # a platform without it: the pages are simply kept
             pass
 
-    def is_q4_0(self, name: str) -> bool:
-        """Whether tensor `name` is stored Q4_0 (an expert's slice is dequantized: experts stay int8)."""
-        return "#" not in name and self.tensors[name].tensor_type == _gguf().GGMLQuantizationType.Q4_0
+    def keeps_int4(self, name: str) -> bool:
+        """Whether tensor `name` is stored in a 4-bit layout int4 keeps as stored (Q4_0, Q4_K; an
+        expert's slice is dequantized: experts stay int8)."""
+        gguf = _gguf()
+        return "#" not in name and self.tensors[name].tensor_type in (gguf.GGMLQuantizationType.Q4_0,
+                                                                      gguf.GGMLQuantizationType.Q4_K)
 
-    def read_q4_0(self, name: str, cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Q4_0 tensor as stored, in the release's layout: (nibbles (out, in) uint8 0..15 meaning
-        q - 8, scales (out, in/32) float32) for unmask.layers.int4 (LLaDA's q and k rows
-        unpermuted, as `read` does)."""
-        from unmask.layers.int4 import from_q4_0_blocks
+    def read_int4(self, name: str, cfg: dict) -> tuple:
+        """A Q4_0 or Q4_K tensor as stored, in the release's layout: (nibbles (out, in) uint8 0..15
+        meaning q - 8, scales (out, in/32) float32[, offsets (out, in/32) float32 for Q4_K: its
+        minimums]) for unmask.layers.int4 (LLaDA's q and k rows unpermuted, as `read` does)."""
+        from unmask.layers.int4 import from_q4_0_blocks, from_q4_k_blocks
 
         t = self.tensors[name]
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))
-        q, d = from_q4_0_blocks(np.asarray(t.data), shape[0], shape[1])
+        k = from_q4_k_blocks if t.tensor_type == _gguf().GGMLQuantizationType.Q4_K else from_q4_0_blocks
+        parts = k(np.asarray(t.data), shape[0], shape[1])
         self._release(t)
         heads = self._permuted_heads(name, cfg)
-        return (q, d) if heads is None else (_unpermute(q, heads), _unpermute(d, heads))
+        return parts if heads is None else tuple(_unpermute(x, heads) for x in parts)
 
     def tokenizer(self):
         """(tokenizers.Tokenizer, tokenizer_config fields, chat template) rebuilt from the file."""

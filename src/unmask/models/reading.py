@@ -7,7 +7,7 @@ copy-on-write (`Mapped`: nothing copied at load, the page cache shared with othe
 one that moves to oneDNN gives its pages back once reordered); any other is read in chunks of
 whole rows by plain file reads, each chunk checked finite and converted into the final tensor
 (float32 from bf16, or int8 / int4 quantized as read, `convert`), so a load never holds a tensor
-twice; GGUF tensors are dequantized one at a time (a Q4_0 tensor kept as stored under int4).
+twice; GGUF tensors are dequantized one at a time (a Q4_0 or Q4_K tensor kept as stored under int4).
 Tensor parallelism reads only this rank's slices.
 """
 
@@ -42,7 +42,7 @@ def fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[st
     """Strictly fill a meta-device `model` from the checkpoint `files` (name -> shard): every weight
     present, none unexpected, shapes checked; with `tp` only this rank's slices are read. The linear
     layers named in `int8` are quantized weight by weight as they are read, to `method` (int8:
-    unmask.layers.quant; int4: unmask.layers.int4, a GGUF Q4_0 tensor taken as it is stored, a
+    unmask.layers.quant; int4: unmask.layers.int4, a GGUF Q4_0 / Q4_K tensor taken as it is stored, a
     layer whose inputs are not in groups of 32 and mixture-of-experts weights int8; `ends`, the token
     embedding's and the head's names when they are among them: both int8, the embedding an
     Int8Embedding);
@@ -77,7 +77,8 @@ def fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[st
         def convert(k, t):
             """Weight `k`'s storage when asked (t None): "int8", "int4" or False (not quantized);
             else takes t: a float tensor (a slice, a GGUF tensor), (int8 rows, scales) or ("int4",
-            nibbles, scales) (row chunks quantized as read, a GGUF Q4_0 tensor as stored)."""
+            nibbles, scales[, offsets]) (row chunks quantized as read, a GGUF Q4_0 / Q4_K tensor as
+            stored)."""
             if k not in names and k not in experts:
                 return False
             if t is None:
@@ -87,8 +88,8 @@ def fill(model, folder: Path, files: dict, device, dtype, tp=None, int8: list[st
                 quantized[embedding] = Int8Embedding(*t) if isinstance(t, tuple) else Int8Embedding.from_weight(t)
             elif k in experts:
                 expert_rows[k] = t if isinstance(t, tuple) else quantize_rows(t.reshape(-1, t.shape[-1]))
-            elif isinstance(t, tuple) and t[0] == "int4":
-                quantized[names[k]] = Int4Linear(*t[1:])
+            elif isinstance(t, tuple) and t[0] == "int4":  # (nibbles, scales[, offsets])
+                quantized[names[k]] = Int4Linear(t[1], t[2], offsets=t[3] if len(t) > 3 else None)
             elif convert(k, None) == "int4":
                 quantized[names[k]] = Int4Linear.from_weight(t)
             else:
@@ -258,8 +259,8 @@ def _read_gguf(source, cfg: dict, keys: list[str], expected: dict, state: dict, 
     """Read `keys` (the release's names) from a GGUF file into `state` (or `convert` / `adopt`
     them, as _read_shard does), each dequantized to float32 in the release's layout."""
     for k in keys:
-        if convert is not None and convert(k, None) == "int4" and source.is_q4_0(source.release_names[k]):
-            convert(k, ("int4", *source.read_q4_0(source.release_names[k], cfg)))  # kept as stored
+        if convert is not None and convert(k, None) == "int4" and source.keeps_int4(source.release_names[k]):
+            convert(k, ("int4", *source.read_int4(source.release_names[k], cfg)))  # kept as stored
             continue
         t = source.read(source.release_names[k], k, cfg, mapped=dtype == torch.float32 and
                         torch.device(device).type == "cpu")
