@@ -30,7 +30,7 @@
 // one's too) was 1.2-1.5x slower from 8 rows.
 //
 // Offsets (a GGUF Q4_K tensor's minimums, unmask/layers/int4.py): optional int8 codes per group,
-// oc (Np, Kp/32), and a float scale per weight row, ro (Np,): y[m, n] += sx[m] * ro[n] * sum_g
+// oc (Kp/64, Np, 2): pairs of groups, and a float scale per weight row, ro (Np,): y[m, n] += sx[m] * ro[n] * sum_g
 // oc[n, g] * S[m, g], S the group sums of the row's int8 activations. Integer sums again, so the
 // invariants above hold; a pass after the product, the same on every instruction set.
 //
@@ -99,7 +99,15 @@ float quantize_row(const float* x, int64_t K, int64_t Kp, uint8_t* out, bool nat
         const int64_t k = b + (natural ? 16 * r : where[r]) + j;
         const int v = k < K ? static_cast<int>(std::max(-127.f, std::min(127.f, std::nearbyint(x[k] * inv)))) : 0;
         out[b + 16 * r + j] = static_cast<uint8_t>(SHIFTED ? v + 128 : static_cast<int8_t>(v));
-        if (sums) sums[k / G] = static_cast<int16_t>(sums[k / G] + v);  // |sum| <= 32 * 127
+      }
+  if (sums)  // each group's sum of the int8 values (|sum| <= 32 * 127), apart: the loop above vectorizes
+    for (int64_t b = 0; b < Kp; b += 64)
+      for (int r = 0; r < 4; ++r) {
+        const int64_t g = (b + (natural ? 16 * r : where[r])) / G;  // a 16-wide run lies in one group
+        int32_t t = 0;
+        for (int j = 0; j < 16; ++j) t += SHIFTED ? static_cast<int32_t>(out[b + 16 * r + j]) - 128
+                                                 : static_cast<int32_t>(static_cast<int8_t>(out[b + 16 * r + j]));
+        sums[g] = static_cast<int16_t>(sums[g] + t);
       }
   return amax > 0.f ? s : 0.f;
 }
@@ -307,11 +315,11 @@ void lanes(const int8_t* buf, int64_t ngroups, int64_t c0, int64_t nc, const uin
 
 // x (M, K) float32; packed (Np, Kp/2) uint8 nibbles; codes (Np, Kp/32) uint8; r (Np,) float32;
 // corr (Np,) int32 = 128 * sum of the row's int8 weights; y (M, N) float32, N the real output rows;
-// oc (Np, Kp/32) int8 and ro (Np,) float32: the groups' offsets, or both null; threads: how many
+// oc (Kp/64, Np, 2) int16 (pairs of groups) and ro (Np,) float32: the groups' offsets, or both null; threads: how many
 // OpenMP threads (PyTorch's count, passed in). Returns 0, or 1 if the shapes do not fit.
 extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const uint8_t* w, const uint8_t* cd,
                                   const float* rp, const int32_t* cr, int64_t Np, int64_t Kp, int64_t N, float* yp,
-                                  const int8_t* oc, const float* ro, int threads) {
+                                  const int16_t* oc, const float* ro, int threads) {
   if (Kp % 64 != 0 || Kp < K || Kp - K >= 64 || Np % 8 != 0 || N > Np) return 1;
   std::vector<uint8_t> xq(static_cast<size_t>(M * Kp));
   std::vector<float> xs(static_cast<size_t>(M));
@@ -388,35 +396,42 @@ extern "C" int unmask_int4_linear(const float* xp, int64_t M, int64_t K, const u
   }
 #endif
   if (oc) {  // integer sums: the same result in any order
+    // along the output rows, a block of them per task: each row m and pair of groups (g, g + 1)
+    // add S[m, g] oc[g, n] + S[m, g + 1] oc[g + 1, n] for the block's n at once (vpmaddwd: oc is
+    // (Kp/64, Np, 2) int16, a pair of groups' codes side by side for each output row)
     const int16_t* sums = gs.data();
+    constexpr int64_t OB = 256;  // output rows per block
 #pragma omp parallel num_threads(threads)
     {
-      std::vector<int16_t> o16(static_cast<size_t>(Gk));  // the weight row's codes widened once
+      alignas(64) int32_t a[OB];
 #pragma omp for schedule(static)
-      for (int64_t n = 0; n < N; ++n) {
-        for (int64_t g = 0; g < Gk; ++g) o16[g] = oc[n * Gk + g];
-        const int16_t* o = o16.data();
-        int64_t m = 0;
-        for (; m + 4 <= M; m += 4) {  // four rows per pass over the codes
-          const int16_t *s0 = sums + m * Gk, *s1 = s0 + Gk, *s2 = s1 + Gk, *s3 = s2 + Gk;
-          int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-          for (int64_t g = 0; g < Gk; ++g) {
-            const int32_t og = o[g];
-            a0 += og * s0[g];
-            a1 += og * s1[g];
-            a2 += og * s2[g];
-            a3 += og * s3[g];
-          }
-          yp[m * N + n] += s[m] * ro[n] * static_cast<float>(a0);
-          yp[(m + 1) * N + n] += s[m + 1] * ro[n] * static_cast<float>(a1);
-          yp[(m + 2) * N + n] += s[m + 2] * ro[n] * static_cast<float>(a2);
-          yp[(m + 3) * N + n] += s[m + 3] * ro[n] * static_cast<float>(a3);
-        }
-        for (; m < M; ++m) {
+      for (int64_t n0 = 0; n0 < N; n0 += OB) {
+        const int64_t nb = std::min(OB, N - n0);
+        for (int64_t m = 0; m < M; ++m) {
           const int16_t* sm = sums + m * Gk;
-          int32_t a = 0;
-          for (int64_t g = 0; g < Gk; ++g) a += static_cast<int32_t>(o[g]) * static_cast<int32_t>(sm[g]);
-          yp[m * N + n] += s[m] * ro[n] * static_cast<float>(a);
+          int64_t done = 0;
+#if VNNI
+          const int64_t full = nb / 16;
+          __m512i acc[OB / 16];
+          for (int64_t b = 0; b < full; ++b) acc[b] = _mm512_setzero_si512();
+          for (int64_t gp = 0; gp < Gk / 2; ++gp) {
+            const uint32_t pair = static_cast<uint16_t>(sm[2 * gp]) |
+                                  (static_cast<uint32_t>(static_cast<uint16_t>(sm[2 * gp + 1])) << 16);
+            const __m512i sp = _mm512_set1_epi32(static_cast<int32_t>(pair));
+            const int16_t* o = oc + 2 * (gp * Np + n0);
+            for (int64_t b = 0; b < full; ++b)
+              acc[b] = _mm512_add_epi32(acc[b], _mm512_madd_epi16(sp, _mm512_loadu_si512(o + 32 * b)));
+          }
+          for (int64_t b = 0; b < full; ++b) _mm512_store_si512(a + 16 * b, acc[b]);
+          done = 16 * full;
+#endif
+          for (int64_t j = done; j < nb; ++j) {
+            int32_t t = 0;
+            for (int64_t g = 0; g < Gk; ++g) t += static_cast<int32_t>(sm[g]) * oc[2 * ((g / 2) * Np + n0 + j) + g % 2];
+            a[j] = t;
+          }
+          float* y = yp + m * N + n0;
+          for (int64_t j = 0; j < nb; ++j) y[j] += s[m] * ro[n0 + j] * static_cast<float>(a[j]);
         }
       }
     }

@@ -66,7 +66,7 @@ class Kernel:
     def linear(self, x: torch.Tensor, packed: torch.Tensor, codes: torch.Tensor, r: torch.Tensor,
                corr: torch.Tensor, n: int, offsets: tuple | None = None) -> torch.Tensor:
         """x (M, K) float32 -> (M, n): the kernel's product with the packed weight (no bias), plus
-        the groups' offsets times their input sums when given ((int8 codes (Np, Kp/32), scales (Np,)))."""
+        the groups' offsets times their input sums when given ((codes (Kp/64, Np, 2) int16, scales (Np,)))."""
         x = x.contiguous()
         m, k = x.shape
         y = torch.empty(m, n)
@@ -245,12 +245,13 @@ class Int4Linear(nn.Module):
             o[:out, : cols // GROUP] = offsets.double()
             top = o.abs().amax(1)
             ro = torch.where(top > 0, top / 127, torch.ones_like(top))
-            oc = torch.round(o / ro[:, None]).clamp(-127, 127).to(torch.int8)
+            oc = torch.round(o / ro[:, None]).clamp(-127, 127).to(torch.int16)
+            oc = oc.view(np_, -1, 2).transpose(0, 1).contiguous()  # (pairs of groups, rows, 2): the kernel's
             ro = ro.float()
         self.register_buffer("offset_codes", oc, persistent=False)
         self.register_buffer("offset_scale", ro, persistent=False)
         self.weight_bytes = self.packed.numel() + self.codes.numel() + 4 * np_ + \
-            (0 if oc is None else oc.numel() + 4 * np_)
+            (0 if oc is None else 2 * oc.numel() + 4 * np_)
         if like is not None:
             self._forward_hooks.update(like._forward_hooks)
 
@@ -275,7 +276,8 @@ class Int4Linear(nn.Module):
         """The float weight this layer multiplies by (out, in)."""
         w = (self.int8_weight().float() * self.r[:, None])[: self.out_features, : self.in_features]
         if self.offset_codes is not None:
-            o = (self.offset_codes.float() * self.offset_scale[:, None])[: self.out_features, : self.in_features // GROUP]
+            codes = self.offset_codes.transpose(0, 1).reshape(len(self.offset_scale), -1)  # (rows, groups)
+            o = (codes.float() * self.offset_scale[:, None])[: self.out_features, : self.in_features // GROUP]
             w = (w.view(self.out_features, -1, GROUP) + o[..., None]).reshape(w.shape)
         return w
 
