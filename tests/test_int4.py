@@ -14,13 +14,14 @@ from unmask.layers.int4 import Int4Linear, from_q4_0_blocks, quantize_groups
 
 
 def reference(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
-    """What the kernel computes, in float64: x quantized per row to int8 (scale max |x| / 127),
-    times the dequantized weight."""
-    x = x.double()
-    s = (x.abs().amax(1, keepdim=True) / 127).clamp(min=1e-30)
-    s = torch.where(x.abs().amax(1, keepdim=True) > 0, s, torch.ones_like(s))
-    xq = torch.round(x / s).clamp(-127, 127)
-    y = s * (xq @ layer.dequantized().double().T)
+    """What the kernel computes, in float64: x quantized per row to int8 as the kernel rounds it
+    (float32: scale max |x| / 127, x times its reciprocal, to the nearest even), times the
+    dequantized weight."""
+    x = x.float()
+    amax = x.abs().amax(1, keepdim=True)
+    s = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    xq = torch.round(x * (1 / s)).clamp(-127, 127).double()
+    y = s.double() * (xq @ layer.dequantized().double().T)
     return y if layer.bias is None else y + layer.bias.double()
 
 
