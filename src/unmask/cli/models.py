@@ -18,7 +18,8 @@ def model_help() -> str:
     embedded = ", ".join(n for n in EMBEDDED_ABOUT if n != "default-dflash")
     return (f"an embedded model ({embedded}; default: default), a local Hugging Face checkpoint folder, or a Hub "
             f"name (org/name or org/name@revision, downloaded into the Hub cache), in a released layout ({names}); "
-            "or a GGUF file of LLaDA or Dream (file.gguf, or org/name:TAG on the Hub); `unmask models` lists them")
+            "or a GGUF file of LLaDA, Dream or LLaDA-MoE (file.gguf, or org/name:TAG on the Hub); `unmask models` "
+            "lists them")
 
 
 def cmd_models(a: argparse.Namespace) -> int:
