@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = _format_warning
     try:
         if argv[:1] == ["lm-eval"]:  # everything after it belongs to lm-eval's own parser
-            return decode.cmd_lm_eval(argparse.Namespace(args=argv[1:]))
+            return evaluate.cmd_lm_eval(argparse.Namespace(args=argv[1:]))
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except UnmaskError as e:
