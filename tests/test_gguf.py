@@ -98,6 +98,9 @@ def test_a_gguf_runs_in_int8_and_from_the_cli(tmp_path, capsys):
 
     gg = LLM(DATA / "llada-f32.gguf", quantize="int8")
     assert gg.generate(["the cat"], gg.default_params(gen_length=8), chat=False).results[0].nfe >= 1
+    for q in ("int8", "int4"):  # LLaDA-MoE's stacked experts, read expert by expert, go to int8 banks
+        moe = LLM(DATA / "llada-moe-q8_0.gguf", quantize=q)
+        assert len(moe.generate([[5, 6, 7]], moe.default_params(gen_length=8)).results[0].raw_ids) == 8
     assert main(["generate", "--model", str(DATA / "llada-f32.gguf"), "--gen-length", "8", "--json", "the cat"]) == 0
     assert "text" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
