@@ -209,8 +209,8 @@ def kind_for(arch, drafter=None) -> str:
     """The row kind a model decodes with: the one registered kind whose `suits` says so (a
     masked, renoising or speculative model's, or a kind a new architecture selects)."""
     names = [name for name, kind in ROW_KINDS.items() if kind.suits(arch, drafter)]
-    if len(names) != 1:
-        what = f"a {arch.kind} {arch.family} model" + (" with a drafter" if drafter is not None else "")
-        raise UnmaskError(f"{'no row kind decodes' if not names else 'several row kinds (' + ', '.join(names) + ') decode'}"
-                          f" {what}; the row kinds: {', '.join(ROW_KINDS)}")
-    return names[0]
+    if len(names) == 1:
+        return names[0]
+    who = f"several row kinds ({', '.join(names)}) decode" if names else "no row kind decodes"
+    what = f"a {arch.kind} {arch.family} model" + (" with a drafter" if drafter is not None else "")
+    raise UnmaskError(f"{who} {what}; the row kinds: {', '.join(ROW_KINDS)}")

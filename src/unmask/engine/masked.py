@@ -74,7 +74,7 @@ def accept_causal(params: GenerationParams, arch, given: frozenset | None) -> Ge
     return replace(params, block_length=1, steps=params.gen_length, **_AR).check()
 
 
-def causal_takes(arch, tokens, **more) -> Takes:
+def causal_takes(arch, tokens, decodes: str = "autoregressive", **more) -> Takes:
     """An autoregressive model's contract: text after a hole laid out prefix-suffix-middle when
     its tokenizer has fill-in-the-middle tokens; one hole at the end; its own decoding (no fast
     defaults); no commit-time diagnosis (its cache is exact)."""
@@ -84,7 +84,7 @@ def causal_takes(arch, tokens, **more) -> Takes:
     return Takes("autoregressive", suffix=suffix, psm=tokens.fim is not None,
                  template=template_refusal(arch, "attends left to right (give one hole at the end of the text)"),
                  fast=False, diagnose="unmask diagnose looks at approximate caches of diffusion models; an "
-                                      "autoregressive model's cache is exact", **{"decodes": "autoregressive", **more})
+                                      "autoregressive model's cache is exact", decodes=decodes, **more)
 
 
 @ROW_KINDS.register

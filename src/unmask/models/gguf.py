@@ -19,7 +19,6 @@ from the file (GPT-2-style byte-level BPE: `tokenizer.ggml.model` "gpt2"). Stric
 architecture, tokenizer model or storage type is refused by name."""
 
 import math
-import mmap
 import re
 from pathlib import Path
 
@@ -216,15 +215,10 @@ class GGUFFile:
         back if touched; without this a loaded file's every page stays resident beside the
         weights made from it (a 290 MiB F32 file peaked at 2.2x its size)."""
         mm = getattr(self.reader.data, "_mmap", None)
-        if mm is None or not hasattr(mm, "madvise"):
-            return
-        page = mmap.PAGESIZE
-        lo = (int(t.data_offset) // page) * page
-        hi = -(-(int(t.data_offset) + int(t.n_bytes)) // page) * page
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, lo, min(hi, len(mm)) - lo)
-        except (OSError, ValueError):  # a platform without it: the pages are simply kept
-            pass
+        if mm is not None:
+            from unmask.models.reading import drop_pages
+
+            drop_pages(mm, int(t.data_offset), int(t.n_bytes))
 
     def keeps_int4(self, name: str) -> bool:
         """Whether tensor `name` is stored in a 4-bit layout int4 keeps as stored (Q4_0, Q4_K; an

@@ -175,13 +175,18 @@ class Mapped:
         return torch.frombuffer(self.mm, dtype=dtype, count=count, offset=offset).view(shape)
 
     def release(self, offset: int, nbytes: int) -> None:
-        """Drop the pages of [offset, offset + nbytes) from this process (clean pages: the page
-        cache keeps them, and a later touch reads them again)."""
-        lo = offset // mmap.PAGESIZE * mmap.PAGESIZE
-        try:
-            self.mm.madvise(mmap.MADV_DONTNEED, lo, min(offset + nbytes, len(self.mm)) - lo)
-        except (OSError, ValueError, AttributeError):  # a platform without it: the pages are simply kept
-            pass
+        """Give back the pages of [offset, offset + nbytes) (`drop_pages`)."""
+        drop_pages(self.mm, offset, nbytes)
+
+
+def drop_pages(mm: mmap.mmap, offset: int, nbytes: int) -> None:
+    """Drop the pages of [offset, offset + nbytes) of a file mapping from this process: clean pages
+    (nothing written to them), so the page cache keeps them and a later touch reads them again."""
+    lo = offset // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, lo, min(offset + nbytes, len(mm)) - lo)
+    except (OSError, ValueError, AttributeError):  # a platform without it: the pages are simply kept
+        pass
 
 
 def _read_shard(f: Path, keys: list[str], expected: dict, state: dict, device, dtype, specs: dict,
