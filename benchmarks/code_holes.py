@@ -6,7 +6,9 @@ greedy, paired; beside them the autoregressive twin laid out prefix-suffix-middl
 middle and its end of text, up to the bound). Exact match (the hidden text, character for character) and edit similarity
 (difflib's ratio) of the whole middle; forwards and seconds per hole (every forward and the loop,
 not tokenisation), batch 8, float32, this CPU. `default-code` was trained on exact-length spans
-(never padded): a bounded hole ends only where its text goes on with the suffix's own text.
+(never padded): a bounded hole ends only where its text goes on with the suffix's own text. A
+model trained with DreamOn's expand token (`unmask train --span-expand`) also decodes each hole
+growing (`hole_length` "grow": from 4 masks, up to the bound).
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/code_holes.py   # -> benchmarks/results/code_holes.json
 """
@@ -54,16 +56,20 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--model", default="default-code", help="the diffusion code model (a name or folder)")
     ap.add_argument("--ar", default="default-code-ar", help="its prefix-suffix-middle twin ('' to skip)")
+    ap.add_argument("--split", default="test", help="the held-out split the holes come from (select: to choose)")
     ap.add_argument("--out", default="benchmarks/results/code_holes.json")
     a = ap.parse_args()
     llm = LLM(a.model)
     twin = LLM(a.ar) if a.ar else None
     rows = {}
     for kind, bound in BOUNDS.items():
-        exs = hole_examples(llm.tokenizer, "test", kind, a.n)
+        exs = hole_examples(llm.tokenizer, a.split, kind, a.n)
         true = run(llm, exs, lambda e: e["middle_tokens"], "exact", a.batch)
         rows[f"{kind}: true length"] = true
-        for name, mode in ((f"{kind}: bound {bound}", "bound"), (f"{kind}: fixed {bound}", "exact")):
+        modes = [(f"{kind}: bound {bound}", "bound"), (f"{kind}: fixed {bound}", "exact")]
+        if llm.token_ids.expand is not None:  # a model trained with DreamOn's expand token
+            modes.insert(0, (f"{kind}: grow to {bound}", "grow"))
+        for name, mode in modes:
             r = run(llm, exs, lambda e: bound, mode, a.batch)
             r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
             rows[name] = r
@@ -76,7 +82,8 @@ def main() -> None:
             print(f"{name:22s} exact {r['exact']:2d}/{r['of']}  similarity {r['similarity']:.3f}  "
                   f"{r['forwards_per_hole']:.1f} forwards/hole  {1000 * r['seconds_per_hole']:.0f} ms/hole")
     write_json_atomic(a.out, {"context": {**context(), "timer_includes": TIMER_INCLUDES, "batch": a.batch,
-                                          "model": a.model, "setup": __doc__.split("\n\n")[0]}, "rows": rows})
+                                          "model": a.model, "split": a.split, "setup": __doc__.split("\n\n")[0]},
+                          "rows": rows})
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ import numbers
 
 import torch
 
+from unmask.cache.base import CACHES
 from unmask.compat import get_mode
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig, TokenIds
 from unmask.params import GenerationParams
+from unmask.sampler.policy import POLICIES
 from unmask.tokenizer import Tokenizer
 
 
@@ -122,10 +124,30 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
         raise UnmaskError(f"suffix: token id {bad[0]} is outside the vocabulary [0, {arch.vocab_size})")
     if tokens.mask in suffix:
         raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
+    if params.hole_length == "grow":
+        check_grow(params, tokens, takes)
     extra = 3 if takes.psm else 0  # the three fill-in-the-middle markers
     if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "
                           f"exceeds the model's maximum of {arch.max_positions} positions")
+
+
+def check_grow(params: GenerationParams, tokens: TokenIds, takes) -> None:
+    """A hole that grows (engine/grow.py) needs a masked model trained with an expand token, a
+    cache whose refresh at a block start recomputes what an edit moves, and a policy that does
+    not revise committed tokens (an edit could write the expand token)."""
+    if tokens.expand is None or takes.psm:
+        raise UnmaskError("hole_length 'grow' needs a diffusion model trained with an expand token (DreamOn's "
+                          "<|expand|>); this model has none: use 'bound' or 'exact'", param="hole_length")
+    if params.cache not in GROW_CACHES:
+        raise UnmaskError(f"cache {params.cache!r} with hole_length 'grow': its K/V would not follow the hole's "
+                          f"edits; use {', '.join(c for c in GROW_CACHES if c in CACHES)}", param="cache")
+    if POLICIES[params.policy].revises:
+        raise UnmaskError(f"policy {params.policy!r} revises committed tokens; a hole that grows takes a policy that "
+                          "does not", param="policy")
+
+
+GROW_CACHES = ("none", "prefix", "dual", "adaptive")  # each refreshes at a block start (engine/grow.py)
 
 
 def check_fill(fill: list[int] | None, params: GenerationParams, arch: ArchConfig, tokens: TokenIds,

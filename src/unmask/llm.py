@@ -304,7 +304,7 @@ class LLM:
                 if out.logprobs:
                     scores[out.request.id] += out.logprobs
         seconds = time.perf_counter() - t0
-        bounded = [None if suffixes is None or each[r].hole_length == "exact" or (fills is not None and fills[r] is not None)
+        bounded = [None if suffixes is None or each[r].hole_length in ("exact", "grow") or (fills is not None and fills[r] is not None)
                    else suffixes[r] for r in range(len(reqs))]
         results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, suffix=bounded[r], **q.counters())
                    for r, q in enumerate(reqs)]

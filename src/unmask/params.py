@@ -52,8 +52,10 @@ def _declared() -> dict[str, Knob]:
     out["early_stop"] = Knob(True, bool, "stop a row once its end of text is committed")
     out["hole_length"] = Knob(None, str, "a hole's length (text after it: a suffix): 'bound' (the default natively: "
                               "gen_length is the most it holds; the model's end of text, or its going on with the "
-                              "suffix's own text, ends the middle) or 'exact' (gen_length tokens, as a reference "
-                              "sampler decodes it; the default of compat modes)", choices(("bound", "exact")))
+                              "suffix's own text, ends the middle), 'grow' (a model with an expand token, DreamOn's: "
+                              "the hole starts at 4 masks, grows where the model writes the expand token and ends "
+                              "at its end of text, up to gen_length) or 'exact' (gen_length tokens, as a reference "
+                              "sampler decodes it; the default of compat modes)", choices(("bound", "grow", "exact")))
     out["min_tokens"] = Knob(0, int, "tokens of the answer (or of a hole) before which no end-of-text token is "
                              "proposed (vLLM's and Mistral's min_tokens)", non_negative_int)
     return out

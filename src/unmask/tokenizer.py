@@ -23,6 +23,7 @@ _QWEN2_SPLIT = (
 _MASK_STRINGS = ("<|mdm_mask|>", "<|mask|>", "|<MASK>|", "<|MASK|>", "[MASK]", "<mask>")
 _END_OF_TURN_STRINGS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")
 # fill-in-the-middle markers as Qwen2.5-Coder and unmask's code models spell them, and as StarCoder does
+_EXPAND = "<|expand|>"  # DreamOn's expand token (a mask that becomes two)
 _FIM_STRINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
 
 
@@ -207,6 +208,9 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer, nee
     stop |= set(_ids(tok.token_id(tok.special("eos_token"))))
     stop |= {i for i in (tok.token_id(s) for s in _END_OF_TURN_STRINGS) if i is not None}
     stop.discard(mask)
+    expand = _ids(config.get("expand_token_id"), "config.json: expand_token_id") or _ids(tok.token_id(_EXPAND))
+    if len(expand) > 1 or set(expand) & ({mask} | stop):
+        raise CheckpointError(f"config.json: expand_token_id {expand!r} must be one token id, not the mask or a stop")
     fim = next((ids for ids in ([tok.token_id(s) for s in names] for names in _FIM_STRINGS)
                 if all(i is not None for i in ids)), None)
     return TokenIds(
@@ -216,4 +220,5 @@ def resolve_token_ids(config: dict, generation_config: dict, tok: Tokenizer, nee
         bos=bos[0] if bos else None,
         stop=tuple(sorted(stop)),
         fim=None if fim is None else tuple(int(i) for i in fim),
+        expand=expand[0] if expand else None,
     )

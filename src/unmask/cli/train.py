@@ -10,7 +10,7 @@ TRAIN_FLAGS = (("layers", int), ("d-model", int), ("heads", int), ("mlp", int), 
                ("logit-shift", int), ("block-length", int), ("edit-noise", float), ("edit-weight", float),
                ("experts", int), ("top-k", int), ("expert-size", int), ("self-cond", float),
                ("target", str), ("anchors", int), ("loss-gamma", float), ("corpus", str), ("vocab-size", int),
-               ("span-rate", float), ("span-pad", int), ("fim-rate", float))
+               ("span-rate", float), ("span-pad", int), ("span-expand", float), ("fim-rate", float))
 
 
 def parse_layers(text: str) -> tuple[int, ...]:

@@ -36,6 +36,7 @@ from unmask.compat import get_mode
 from unmask.engine import postprocess
 from unmask.engine.commit import Committer
 from unmask.engine.constrained import Constrained
+from unmask.engine.grow import Growth
 from unmask.engine.kind import (ROW_KINDS, Cost, KindContext, Report, Takes, check_compat_family, suffix_refusal,
                                 template_refusal)
 from unmask.engine.logprobs import Logprobs
@@ -163,6 +164,8 @@ class MaskedKind:
         self.committer = Committer(self.rows, self.parts, self.mask, ctx.draws, getattr(model, "tp", None),
                                    arch.vocab_size)
         self.constrained = Constrained(self.rows, self.mask, tokens.eos)  # structured output's rows
+        # holes that grow and shrink (hole_length "grow": a model with DreamOn's expand token)
+        self.growth = Growth(self.rows, tokens.expand, self.mask, getattr(model, "tp", None), arch.vocab_size)
         self.logprobs = Logprobs(self.rows)  # rows that report their tokens' log-probabilities
         # prompt K/V shared across requests, for the settings whose cache policy allows it (kv/prefix.py):
         # pages of the model's attention block (a block model), else 16 tokens
@@ -193,6 +196,7 @@ class MaskedKind:
             self.rows.add(req, self.mask, self.settings[key], width, self.align)
             self._reuse(req)
             self.constrained.admit(req)
+            self.growth.admit(req)
             self.watching += req.watch
         self.logprobs.admit(reqs)
         self._ahead = None
@@ -201,6 +205,7 @@ class MaskedKind:
         self.watching -= sum(self.rows.reqs[i].watch for i in gone)
         for i in gone:
             self.constrained.remove(self.rows.reqs[i])
+        self.growth.remove([self.rows.reqs[i] for i in gone])
         if self.prefix is not None:
             self.prefix.forget([self.rows.reqs[i] for i in gone])
         self.logprobs.remove([self.rows.reqs[i] for i in gone])
@@ -258,6 +263,7 @@ class MaskedKind:
         groups = self._groups
         verifying = any(cache.verifies for cache, _ in groups)
         work = StepWork(self.rows, self._plan, run, verifying, self._sizes[1:] if run is None else None)
+        was = self.growth.before()  # a growing hole's masks before the step's commits
         for f in work.window():
             self._run(work, f)
         if work.doubted():  # what the doubted rows recompute: their verifying caches' plans, merged
@@ -267,7 +273,7 @@ class MaskedKind:
             self._run(work, f)
         for cache, rows in groups:  # each policy updates its own per-row counters
             cache.after(self.rows, rows & work.run, work.plan, work.redo, work.committed, self.align)
-        settled = postprocess.settle(self.rows, work)
+        settled = postprocess.settle(self.rows, work, None if was is None else self.growth.edit(was))
         ahead = self._planned()  # the next step's plan, if no row joins or leaves before it
         sizes = torch.cat([ahead[1].cost.sum()[None], shape(self.rows, ahead[1], None)])
         flat = torch.cat([settled, sizes]).tolist()  # the step's one read
@@ -282,7 +288,7 @@ class MaskedKind:
     def _run(self, work: StepWork, f: Forward) -> None:
         r, t0 = self.rows, time.perf_counter()
         fresh = self.runner.fresh(f.idx, r.s, work.W) if self.observer is not None else None  # before commits
-        logits = self.runner.forward(f, work.plan, r.s, work.W)
+        logits = self.growth.hold(f.idx, self.runner.forward(f, work.plan, r.s, work.W))
         lock = self.constrained.before(f.idx, logits, work.W)  # structured output: the frontier's mask
         if self.logprobs.count:  # the block's tokens before this forward's commits
             ar = torch.arange(work.W, device=r.device)[None, :]

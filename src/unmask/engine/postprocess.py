@@ -12,7 +12,7 @@ from unmask.engine.work import StepWork
 from unmask.sampler.stops import first_stop
 
 
-def settle(rows: RowState, work: StepWork) -> torch.Tensor:
+def settle(rows: RowState, work: StepWork, restart: torch.Tensor | None = None) -> torch.Tensor:
     """Per-row bookkeeping in tensors; returns what the step's one transfer reads: each row's
     counts and its open block's tokens, then each forward's counts (`report` takes them as read;
     the caller may read more along with them).
@@ -20,7 +20,8 @@ def settle(rows: RowState, work: StepWork) -> torch.Tensor:
     A revising policy's block (rows with max_post >= 0) stays open after its last mask: the next
     steps are post steps, up to max_post of them, and the first post step that edits nothing ends
     it. Its tokens are final only once the block ends: the streamed prefix stops at the open
-    block, and an end of text stops the row only in a finished block."""
+    block, and an end of text stops the row only in a finished block. `restart`: rows whose open
+    block changed length this step (a growing hole, engine/grow.py): its schedule starts again."""
     r, w = rows, work
     run, s, e, committed, had_mask, edits, remasked = w.run, r.s, r.e, w.committed, w.had_mask, w.edits, w.remasked
     cols = torch.arange(r.cap + 1, device=r.device)[None, :]
@@ -40,7 +41,8 @@ def settle(rows: RowState, work: StepWork) -> torch.Tensor:
     stopped = stopped & (~revising | block_done | (stop_at < s))
     done = run & ((block_done & last_block) | (stopped & r.early))
     nxt = block_done & ~done
-    r.step = torch.where(run & ~block_done, r.step + 1, r.step)
+    again = torch.zeros_like(run) if restart is None else restart & run & ~block_done
+    r.step = torch.where(run & ~block_done & ~again, r.step + 1, torch.where(again, 0, r.step))
     r.age = torch.where(run, r.age + 1, r.age)
     r.block = torch.where(nxt, r.block + 1, r.block)
     r.s, r.e = torch.where(nxt, e, s), torch.where(nxt, torch.minimum(e + r.blk, r.L), e)
@@ -49,11 +51,11 @@ def settle(rows: RowState, work: StepWork) -> torch.Tensor:
     final = torch.where(done, r.L, r.s) - r.P  # a revising row's tokens are final before its open block
     prefix = torch.where(revising, torch.minimum(prefix, final), prefix)
     stuck = run & block_open & (committed == 0) & (remasked == 0)
-    r.start_blocks(nxt)
+    r.start_blocks(nxt | again)
     # the tokens the committed prefix can have grown by lie in the block that was open: [s, s + W)
     block = r.x.gather(1, (s[:, None] + torch.arange(w.W, device=r.device)[None, :]).clamp(max=r.cap))
     info = torch.stack([run.long(), committed, prefix, done.long(), stuck.long(), w.seal.long(), w.redo.long(),
-                        edits, remasked, s - r.P], 1)
+                        edits, remasked, s - r.P, r.L - r.P], 1)
     return torch.cat([torch.cat([info, block], 1).flatten(), w.counts().flatten()])
 
 
@@ -61,7 +63,7 @@ def report(rows: RowState, work: StepWork, flat: list[int], shown: dict | None =
     """The step's Report from `settle`'s values as read (host ints); `shown`: watched rows'
     proposals this step (engine/commit.py Committer.shown)."""
     r, W = rows, work.W
-    width = 10 + W
+    width = 11 + W
     info = [flat[i * width : (i + 1) * width] for i in range(r.n)]
     rest = flat[r.n * width :]
     out = Report(records=work.finish_records([rest[i : i + 3] for i in range(0, len(rest), 3)]))
@@ -71,7 +73,7 @@ def report(rows: RowState, work: StepWork, flat: list[int], shown: dict | None =
             or (row[0] and row[2] > r.reqs[i].committed and (r.reqs[i].committed < row[9] or row[2] > row[9] + W))]
     rows_x = dict(zip(show, r.x[show].tolist())) if show else {}
     for i, (req, row_info) in enumerate(zip(r.reqs, info)):
-        ran, n, pre, fin, bad, ckv, again, ed, rm, start = row_info[:10]
+        ran, n, pre, fin, bad, ckv, again, ed, rm, start, length = row_info[:11]
         if bad:
             raise RuntimeError(f"request {req.id}: a step committed nothing while its block is open (policy bug)")
         if not ran:
@@ -82,13 +84,13 @@ def report(rows: RowState, work: StepWork, flat: list[int], shown: dict | None =
         elif row is not None:
             new_ids = row[P + req.committed : P + pre]
         else:  # from the open block's tokens (answer positions start .. start + W)
-            new_ids = row_info[10 + req.committed - start : 10 + pre - start]
+            new_ids = row_info[11 + req.committed - start : 11 + pre - start]
         # a doubted cached step ran twice: its window, then its recomputation
         out.row(i, pre, new_ids, 1 + again, [0, n] if again else [n], bool(fin), MaskedStats(ckv, ed, rm))
         if req.watch:
-            out.views[i] = (row[P : P + req.params.gen_length], None, (shown or {}).get(i, {}))
+            out.views[i] = (row[P : P + length], None, (shown or {}).get(i, {}))
         if fin:
-            out.answers[i] = row[P : P + req.params.gen_length]
+            out.answers[i] = row[P : P + length]
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from unmask.engine.grow import START, grows
 from unmask.kv.slots import SlotStore
 from unmask.sampler.schedule import even_split
 
@@ -144,6 +145,12 @@ class Rows:
         self._views()
         return perm
 
+    def col_fields(self) -> list[tuple[str, object]]:
+        """(name, fill) of the canvas-wide fields that hold a value per column (allocated ones; not
+        the K/V rows, nor `pos`, which follows from the canvas length)."""
+        return [(f.name, self._fill(f)) for f in self._fields()
+                if f.metadata["cols"] and not f.metadata["layers"] and f.name != "pos" and getattr(self, f.name) is not None]
+
     def declare(self, name: str) -> None:
         """A per-row counter a component owns (`state[name]`, (n,) long; 0 for rows already there)."""
         if name not in self.state:
@@ -187,6 +194,7 @@ class RowState(Rows):
     L: torch.Tensor = per_row()  # the generated region's end: prompt + gen_length
     T: torch.Tensor = per_row()  # the canvas's end: L + the suffix after the hole (infilling), else L
     P: torch.Tensor = per_row()  # prompt end
+    lim: torch.Tensor = per_row()  # a growing hole's bound: P + gen_length (0: the hole does not grow, engine/grow.py)
     blk: torch.Tensor = per_row()  # block length
     spb: torch.Tensor = per_row()  # steps in the current block
     tps: torch.Tensor = per_row()  # a block model's fixed schedule: tokens per step (0: steps per block)
@@ -222,8 +230,12 @@ class RowState(Rows):
         of block_length from the answer's first column. `steps_width`: the quota table's width."""
         p = req.params
         P, L = len(req.prompt), len(req.prompt) + p.gen_length
+        lim = L if grows(req) else 0
+        if lim:  # a growing hole starts short; its row holds room for its bound
+            L = P + min(START, p.gen_length)
+            steps_width = max(steps_width, p.gen_length)
         T = L + len(req.suffix)
-        self.grow(T)
+        self.grow(max(T, lim + len(req.suffix)))
         if self.quota.shape[1] < steps_width:
             self.quota = torch.cat([self.quota, self.quota.new_zeros(self.n, steps_width - self.quota.shape[1])], 1)
         x = torch.full((1, self.cap + 1), self.pad_id, dtype=torch.long)
@@ -233,14 +245,15 @@ class RowState(Rows):
             x[0, L:T] = torch.tensor(req.suffix)
         pos = torch.zeros(1, self.cap + 1, dtype=torch.long)
         pos[0, :T] = torch.arange(T)
-        e = min((P // p.block_length + 1) * p.block_length, L) if align else P + p.block_length
+        e = min((P // p.block_length + 1) * p.block_length if align else P + p.block_length, L)
         cache = req.parts.cache
         for name in cache.row_state:  # the counters its cache policy keeps per row
             self.declare(name)
         self.append([req], dict(
             **{name: [init(P, align)] for name, init in cache.row_state.items()},
-            x=x, pos=pos, L=L, T=T, P=P, blk=p.block_length, spb=p.steps_per_block,
-            tps=max(1, p.gen_length // p.total_steps) if align else 0, s=P, e=e, block=0, step=0, age=0,
+            x=x, pos=pos, L=L, T=T, P=P, lim=lim, blk=p.block_length, spb=p.steps_per_block,
+            # a block model's fixed schedule, and a growing hole's (its masks change as it decodes)
+            tps=max(1, p.gen_length // p.total_steps) if align or lim else 0, s=P, e=e, block=0, step=0, age=0,
             # a template's row runs to the end of its region: an end of text ends a hole, not the row
             cfg=cfg_id, early=req.parts.early_stop and req.fill is None, minl=P + _min_tokens(req),
             max_post=req.parts.policy.post_steps if req.parts.policy.revises else -1, post=0))

@@ -171,6 +171,9 @@ class TokenIds:
     # fill-in-the-middle markers (prefix, suffix, middle) when the tokenizer has them: an
     # autoregressive model trained prefix-suffix-middle infills through them (inputs.layout)
     fim: tuple[int, int, int] | None = None
+    # DreamOn's expand token, when the model has one: a mask whose prediction it is becomes two
+    # masks (a hole of hole_length "grow" lengthens itself)
+    expand: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(sorted(set(self.stop) | {self.eos})))

@@ -61,8 +61,8 @@ class Completion(HoleRounds):
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
         self.live = list(self.names)  # each choice's engine request now (a template's: its hole's)
-        bound = params.hole_length != "exact"
-        suffix = self.holes.get("suffix") if bound and template is None else None
+        cut = params.hole_length not in ("exact", "grow")  # a bounded hole's middle ends where the suffix begins
+        suffix = self.holes.get("suffix") if cut and template is None else None
         self.streams = [TextStream(llm, body.stops(), template, suffix, self.rounds is not None)
                         for _ in range(self.n)]
         self.reqs: list = [None] * self.n

@@ -35,7 +35,7 @@ def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationPara
         queue = engine.submit(rid, ids, params, watch=True, **holes)
     except QueueFull as e:
         raise APIError(429, str(e), "rate_limit_error") from None
-    text = TextStream(llm, stops, suffix=holes.get("suffix") if params.hole_length != "exact" else None)
+    text = TextStream(llm, stops, suffix=holes.get("suffix") if params.hole_length not in ("exact", "grow") else None)
     stop_ids, mask = set(llm.token_ids.stop), llm.token_ids.mask
 
     def piece(t: int) -> str:  # end of text shows as one mark, not its long special-token name

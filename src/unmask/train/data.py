@@ -19,6 +19,7 @@ from unmask.tasks.suite import GENERATORS, vocabulary
 
 BOS, EOS, MASK, PAD = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|pad|>"
 SPECIALS = [BOS, EOS, MASK, PAD]
+EXPAND = "<|expand|>"  # DreamOn's: a mask that stands for two or more tokens (span_expand training)
 
 
 def build_tokenizer() -> Tokenizer:

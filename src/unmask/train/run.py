@@ -16,7 +16,7 @@ from unmask.models.llada import LLaDAModel
 from unmask.models.loader import load_drafter, load_model
 from unmask.progress import Progress
 from unmask.train import dflash, renoise
-from unmask.train.data import TaskSampler, build_tokenizer, make_batches
+from unmask.train.data import EXPAND, TaskSampler, build_tokenizer, make_batches
 from unmask.train.trainer import TrainConfig, arch_for, lr_at, save_model, token_ids, train_step
 
 STATE = "trainer_state.pt"
@@ -41,6 +41,20 @@ def _code_eval(model, cfg: TrainConfig, held: list, mask_id: int) -> dict[str, f
             loss = total / sum(b.ids.shape[0] * (b.ids.shape[1] - 1) for b in held)
     model.train()
     return {"select_loss": round(loss, 4)}
+
+
+def _grown(src: dict, own: dict, mask_id: int) -> dict:
+    """`src`'s weights for a model whose vocabulary has tokens added at its end (the expand token):
+    a new token's embedding starts as the mask's, its output row at zero; every other tensor must
+    match (load_state_dict says which does not)."""
+    out = dict(src)
+    for name in ("model.transformer.wte.weight", "model.transformer.ff_out.weight"):
+        a, b = src.get(name), own.get(name)
+        if a is None or b is None or a.shape[0] >= b.shape[0] or a.shape[1:] != b.shape[1:]:
+            continue
+        extra = (a[mask_id : mask_id + 1] if name.endswith("wte.weight") else torch.zeros_like(a[:1]))
+        out[name] = torch.cat([a, extra.expand(b.shape[0] - a.shape[0], -1)])
+    return out
 
 
 def _eval(model, tok, cfg: TrainConfig) -> dict[str, float]:
@@ -138,6 +152,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         held = [select.batch(min(cfg.eval_n, 16)) for _ in range(max(1, cfg.eval_n // 16))]
     else:
         tok = build_tokenizer()
+    if cfg.span_expand:  # DreamOn's expand token, the vocabulary's last id
+        tok.add_special_tokens([EXPAND])
     target_llm = None
     if cfg.kind == "dflash":
         target_llm = _target(cfg, tok)
@@ -161,7 +177,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
             elif cfg.kind == "renoise":
                 renoise.init_from_llada(model, src)
             else:
-                model.load_state_dict(src.state_dict())
+                model.load_state_dict(_grown(src.state_dict(), model.state_dict(), tok.token_to_id("<|mdm_mask|>")))
         except RuntimeError:
             raise UnmaskError(f"--init-from {cfg.init_from}: its weights do not fit this model's size "
                               f"(layers {cfg.layers}, d_model {cfg.d_model}, heads {cfg.heads}, mlp {cfg.mlp})") from None
@@ -177,6 +193,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         gen.set_state(saved["generator"])
         step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
     mask_id, eos_id = tok.token_to_id("<|mdm_mask|>"), tok.token_to_id("<|endoftext|>")
+    expand_id = tok.token_to_id(EXPAND)
     t0 = time.time()
     smooth = saved.get("smooth") if resume else None  # the logged loss is smoothed across parts too
 
@@ -212,7 +229,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
             else:
                 batches = make_batches(examples, tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
-        loss = train_step(model, batches, cfg, mask_id, gen, eos_id)
+        loss = train_step(model, batches, cfg, mask_id, gen, eos_id, expand_id)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1

@@ -21,7 +21,7 @@ from unmask.models.base import ArchConfig, TokenIds
 from unmask.models.llada import LLaDAModel
 from unmask.tasks import TASKS
 from unmask.train.checkpoint import write_checkpoint
-from unmask.train.data import BOS, EOS, MASK, PAD, SPECIALS, Batch
+from unmask.train.data import BOS, EOS, EXPAND, MASK, PAD, SPECIALS, Batch
 
 DEFAULT_MIX = {t: 1.0 for t in TASKS}
 
@@ -84,6 +84,11 @@ class TrainConfig:
     # inside its masked span (the rest of the row moves right), so that a model given more masks
     # than the middle needs writes the middle and ends it (unmask's hole_length "bound")
     span_pad: int = 0
+    # DreamOn's expand token: a share `span_expand` of span rows holds its span in fewer masks
+    # (each gap between two of its tokens kept with a per-row rate drawn from U(0, 1)); a mask that
+    # stands for two or more tokens learns <|expand|> (at inference it becomes two masks), one that
+    # stands for one token learns the token. The vocabulary gains <|expand|> (the last id).
+    span_expand: float = 0.0
     fim_rate: float = 0.0
 
     def check(self) -> "TrainConfig":
@@ -142,6 +147,9 @@ class TrainConfig:
                 or (self.span_pad and not self.span_rate)):
             raise UnmaskError(f"span_pad {self.span_pad!r} must be a non-negative integer, and above 0 only with "
                               "span_rate")
+        if (isinstance(self.span_expand, bool) or not isinstance(self.span_expand, (int, float))
+                or not 0 <= self.span_expand <= 1 or (self.span_expand and not self.span_rate)):
+            raise UnmaskError(f"span_expand {self.span_expand!r} must be in [0, 1], and above 0 only with span_rate")
         if self.fim_rate > 1 or (self.fim_rate and (self.kind != "ar" or self.corpus is None)):
             raise UnmaskError(f"fim_rate {self.fim_rate!r} must be in [0, 1], and above 0 only for an ar code model "
                               "(corpus)")
@@ -179,12 +187,15 @@ def llada_config_json(arch: ArchConfig, ids: TokenIds) -> dict:
         cfg["logit_shift"] = arch.logit_shift  # unmask extension: AR alignment kept (Dream-style)
     if arch.block_size:
         cfg["bd_size"] = arch.block_size  # block diffusion, named as Fast-dLLM v2 names it
+    if ids.expand is not None:
+        cfg["expand_token_id"] = ids.expand  # unmask extension: DreamOn's expand token (holes that grow)
     return cfg
 
 
 def token_ids(tok) -> TokenIds:
     eos = tok.token_to_id(EOS)
-    return TokenIds(mask=tok.token_to_id(MASK), eos=eos, pad=tok.token_to_id(PAD), bos=tok.token_to_id(BOS), stop=(eos,))
+    return TokenIds(mask=tok.token_to_id(MASK), eos=eos, pad=tok.token_to_id(PAD), bos=tok.token_to_id(BOS), stop=(eos,),
+                    expand=tok.token_to_id(EXPAND))
 
 
 def save_model(model: LLaDAModel, tok, folder: Path, gen_defaults: dict, meta: dict) -> None:
@@ -202,22 +213,32 @@ def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
 
 
 def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator,
-                   span_rate: float = 0.0, span_pad: int = 0, eos_id: int | None = None) -> torch.Tensor:
+                   span_rate: float = 0.0, span_pad: int = 0, eos_id: int | None = None,
+                   span_expand: float = 0.0, expand_id: int | None = None) -> torch.Tensor:
     """Sum over rows of the LLaDA SFT loss: cross-entropy on masked answer positions weighted by 1/t
     (divide by rows x canvas length for the mean). With `span_rate`, that share of rows masks one
     contiguous span of round(t * G) positions (at least one) at a uniform offset instead; with
     `span_pad`, 0..span_pad end-of-text tokens follow the span inside it (the row's later tokens
-    move right, the last ones leave the row)."""
+    move right, the last ones leave the row); with `span_expand`, that share of span rows holds its
+    span in fewer masks (`expand_span`)."""
     B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
     masked = torch.rand(B, G, generator=gen) < t[:, None]
-    target_ids = b.ids
+    target_ids, key_mask = b.ids, b.key_mask
     if span_rate:
         span = torch.rand(B, generator=gen) < span_rate
         n = (t * G).round().long().clamp(1, G)
         start = (torch.rand(B, generator=gen) * (G - n + 1)).long()
         cols = torch.arange(G)[None, :]
         end = start + n
-        if span_pad:
+        if span_expand:
+            pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span
+            squeeze = span & (torch.rand(B, generator=gen) < span_expand)
+            region, end, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, eos_id, expand_id, gen)
+            target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
+            key_mask = torch.cat([torch.ones(B, b.prompt_len, dtype=torch.bool), valid], 1)
+            if b.key_mask is not None:
+                key_mask = key_mask & b.key_mask
+        elif span_pad:
             pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span  # span rows only
             src = torch.where(cols < end[:, None], cols, cols - pad[:, None]).clamp(min=0)
             region = b.ids[:, b.prompt_len :].gather(1, src)
@@ -225,13 +246,47 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
             target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
             end = end + pad
         masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < end[:, None]), masked)
+    if key_mask is not None:
+        masked = masked & key_mask[:, b.prompt_len :]
     ids = target_ids.clone()
     ids[:, b.prompt_len :][masked] = mask_id
     shift = model.config.logit_shift  # logits at j score token j + shift
-    logits = model(ids, b.positions, key_mask=b.key_mask, logits_slice=slice(b.prompt_len - shift, ids.shape[1] - shift))
+    logits = model(ids, b.positions, key_mask=key_mask, logits_slice=slice(b.prompt_len - shift, ids.shape[1] - shift))
     target = target_ids[:, b.prompt_len :]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view(B, G)
     return ((ce * masked) / t[:, None]).sum()
+
+
+def expand_span(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, pad: torch.Tensor,
+                squeeze: torch.Tensor, eos_id: int, expand_id: int, gen: torch.Generator) -> tuple:
+    """DreamOn's training canvas for span rows (region (B, G): the answer columns; the span
+    [start, end) is the hole). Rows with `squeeze` cut their span into groups (each gap between
+    two of its tokens a cut with the row's rate, drawn from U(0, 1)): a group of one token stays
+    that token, a group of two or more becomes one position whose target is `expand_id`. `pad`
+    end-of-text tokens (DreamOn's deletions) follow the groups inside the hole. The row's later
+    tokens move left or right to follow; those pushed past G leave the row, and the columns left
+    empty at its end are padding. Returns (targets (B, G), the hole's new end (B,), real columns
+    (B, G) bool)."""
+    B, G = region.shape
+    cols = torch.arange(G)[None, :]
+    inside = (cols >= start[:, None]) & (cols < end[:, None])
+    rate = torch.rand(B, 1, generator=gen)
+    cut = inside & (cols > start[:, None]) & ((torch.rand(B, G, generator=gen) < rate) | ~squeeze[:, None])
+    group = cut.long().cumsum(1)  # inside the span: its group's index
+    groups = (cut.long().sum(1) + 1)  # masks the span becomes
+    head = inside & ((cols == start[:, None]) | cut)
+    size = torch.zeros(B, G + 1, dtype=torch.long).scatter_add_(1, torch.where(inside, group, G), inside.long())
+    n = end - start
+    new = torch.where(cols < start[:, None], cols,
+                      torch.where(inside, torch.where(head, start[:, None] + group, G),
+                                  cols - (n - groups + 0)[:, None] + pad[:, None]))
+    new = new.clamp(max=G)  # past the row: the scratch column
+    token = torch.where(inside & head & (size.gather(1, torch.where(inside, group, G)) > 1), expand_id, region)
+    out = torch.full((B, G + 1), eos_id, dtype=region.dtype).scatter_(1, new, token)[:, :G]
+    hole_end = start + groups + pad
+    out = torch.where((cols >= (start + groups)[:, None]) & (cols < hole_end[:, None]), eos_id, out)
+    valid = cols < (G - n + groups + pad)[:, None]
+    return out, hole_end, valid
 
 
 def block_attention(positions: torch.Tensor, real: torch.Tensor | None, size: int) -> torch.Tensor:
@@ -318,7 +373,7 @@ def ar_targets(b: Batch) -> int:
 
 
 def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator,
-               eos_id: int | None = None) -> float:
+               eos_id: int | None = None, expand_id: int | None = None) -> float:
     """Forward and backward over a batch split into length groups; gradients accumulate to exactly
     those of the whole batch's mean loss. Returns that loss."""
     if cfg.kind == "dflash":  # the weighted mean over both groups' blocks
@@ -340,7 +395,8 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
     for b in batches:
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
-            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate, cfg.span_pad, eos_id) / denom
+            loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate, cfg.span_pad, eos_id,
+                                  cfg.span_expand, expand_id) / denom
         elif cfg.kind == "renoise":
             from unmask.train.renoise import renoise_loss
 

@@ -1,0 +1,194 @@
+"""Holes that grow and shrink (hole_length "grow", DreamOn's expand and delete; engine/grow.py):
+the engine against DreamOn's inference loop written here from its rules, invariants of the
+edit, caches against no cache, the training canvas, and the refusals."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from unmask import GenerationParams, UnmaskError
+from unmask.engine import Engine, EngineConfig
+from unmask.engine.grow import START
+from unmask.llm import LLM
+from unmask.models.base import ArchConfig, DiffusionLM, TokenIds
+
+MASK, EOS, EXPAND = 60, 61, 62
+TOKENS = TokenIds(mask=MASK, eos=EOS, pad=EOS, stop=(EOS,), expand=EXPAND)
+
+
+class GrowModel(DiffusionLM):
+    """A model that wants a middle of `want` tokens: prompt tokens lie in [1, 20), the suffix's in
+    [20, 30). In a hole of h positions, hole position i proposes the expand token while the hole
+    is short (h < want, odd i), end of text past the middle (i >= want), else the token 30 + i;
+    confidences differ by position (no ties)."""
+
+    def __init__(self, want: int):
+        super().__init__()
+        self.config = ArchConfig("llada", 64, 8, 1, 1, 1, 8, 1e4, 1e-5, 4096)
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.want = want
+
+    def forward(self, input_ids, positions, kv=None, kv_start=0, key_mask=None, logits_slice=None):
+        B, n = input_ids.shape
+        logits = torch.zeros(B, n, 64)
+        for b in range(B):
+            row = input_ids[b].tolist()
+            P = next(j for j, t in enumerate(row) if not 1 <= t < 20)
+            end = next((j for j in range(P, n) if 20 <= row[j] < 30), n)
+            h = end - P
+            for j in range(P, end):
+                i = j - P
+                tok = EXPAND if h < self.want and i % 2 else EOS if i >= self.want else 30 + i
+                logits[b, j, tok] = 2.0 + ((j * 7) % 11) / 3
+        if isinstance(logits_slice, torch.Tensor):
+            return logits.gather(1, logits_slice[..., None].expand(-1, -1, 64))
+        return logits if logits_slice is None else logits[:, logits_slice]
+
+
+def dreamon_infill(model, prefix: list[int], suffix: list[int], bound: int) -> list[int]:
+    """DreamOn's `batch_generate_with_expand_as_token` (greedy, one token per step by the highest
+    probability among the masks), written from its rules: the hole starts at START masks; the
+    expand token is banned once the hole is at its bound; an end of text ends the hole (it and
+    the masks after it are deleted); an expand token becomes two masks."""
+    x = prefix + [MASK] * START + suffix
+    P = len(prefix)
+    while True:
+        h = len(x) - P - len(suffix)
+        masks = [j for j in range(P, P + h) if x[j] == MASK]
+        if not masks:
+            return x[P : P + h]
+        logits = model(torch.tensor([x]), torch.arange(len(x))[None])[0]
+        if h >= bound:
+            logits[:, EXPAND] = -torch.inf
+        prob = torch.softmax(logits, -1)
+        conf, tok = prob.max(-1)
+        j = max(masks, key=lambda m: float(conf[m]))
+        t = int(tok[j])
+        if t == EOS:
+            x = x[:j] + [v for k, v in enumerate(x[j:P + h], j) if v != MASK and k != j] + x[P + h :]
+        elif t == EXPAND:
+            x = x[:j] + [MASK, MASK] + x[j + 1 :]
+        else:
+            x[j] = t
+
+
+def _engine_infill(model, rows: list[tuple[list[int], list[int]]], params) -> list[list[int]]:
+    engine = Engine(model, TOKENS, EngineConfig(trace_limit=None))
+    reqs = [engine.add_request(p, params, suffix=s) for p, s in rows]
+    while engine.has_unfinished():
+        engine.step()
+    return [r.canvas for r in reqs]
+
+
+@pytest.mark.parametrize("want,bound", [(9, 16), (2, 16), (12, 8), (4, 4)])
+def test_a_growing_hole_decodes_as_dreamon_does(want, bound):
+    """Rows of different prompts and suffixes batch together; each decodes as DreamOn's loop does
+    alone: the hole grows to the middle the model wants (or to its bound), and shrinks at its end
+    of text."""
+    model = GrowModel(want)
+    rows = [([1, 2, 3], [21, 22]), ([4, 5, 6, 7, 8], [23]), ([9], [24, 25, 26, 27])]
+    p = GenerationParams(gen_length=bound, block_length=bound, steps=bound, hole_length="grow")
+    got = _engine_infill(model, rows, p)
+    for (prefix, suffix), out in zip(rows, got):
+        ref = dreamon_infill(model, prefix, suffix, bound)
+        assert out == ref
+        assert len(out) == min(want, bound) and MASK not in out and EXPAND not in out
+
+
+def test_a_growing_hole_keeps_its_text_around_it_and_its_committed_prefix():
+    """The prompt and the suffix come back unchanged; tokens streamed as committed are never
+    taken back (each step's committed prefix extends the last one)."""
+    model = GrowModel(11)
+    engine = Engine(model, TOKENS, EngineConfig(trace_limit=None))
+    p = GenerationParams(gen_length=16, block_length=16, steps=16, hole_length="grow")
+    req = engine.add_request([1, 2, 3], p, suffix=[21, 22, 23], watch=True)
+    seen: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            assert o.committed == len(seen) + len(o.new_ids)
+            seen += o.new_ids
+            assert o.canvas[: len(seen)] == seen  # the streamed prefix starts the canvas as it is now
+            assert MASK not in seen and EXPAND not in seen
+    assert req.canvas == seen and len(seen) == 11
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "adaptive"])
+def test_caches_refreshed_every_step_decode_a_growing_hole_as_no_cache(llada, cache):
+    """A real model whose expand token and end of text are likely (their logits raised): caches
+    that refresh every step give no cache's tokens; the edit moved the suffix's K/V with it."""
+    vocab = llada.arch.vocab_size
+    expand = vocab - 1
+    bias = torch.zeros(vocab)
+    bias[expand], bias[llada.token_ids.eos] = 3.0, 1.0
+
+    class Biased(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, *a, **k):
+            return self.inner(*a, **k) + bias
+
+    llm = LLM.from_parts(Biased(llada.model), llada.tokenizer, dataclasses.replace(llada.token_ids, expand=expand))
+    prompts, suffixes = [[3, 1, 4, 1, 5], [9, 2, 6]], [[7, 8, 9, 7], [5, 3]]
+    base = dict(gen_length=16, block_length=16, hole_length="grow", policy="threshold", threshold=0.3)
+    ref = llm.generate(prompts, GenerationParams(**base), suffix=suffixes)
+    lengths = [len(r.raw_ids) for r in ref.results]
+    assert any(n > START for n in lengths)  # the holes did grow
+    out = llm.generate(prompts, GenerationParams(**base, cache=cache, refresh_interval=1), suffix=suffixes)
+    assert [r.raw_ids for r in out.results] == [r.raw_ids for r in ref.results]
+
+
+def test_a_hole_that_does_not_grow_never_writes_the_expand_token():
+    """With hole_length bound or exact, or with no suffix, the expand token is never proposed."""
+    model = GrowModel(9)
+    for hl in ("bound", "exact"):
+        p = GenerationParams(gen_length=8, block_length=8, steps=8, hole_length=hl, early_stop=False)
+        for out in _engine_infill(model, [([1, 2, 3], [21, 22])], p):
+            assert EXPAND not in out and len(out) == 8
+
+
+def test_grow_refusals_name_the_setting(llada):
+    p = dict(gen_length=8, block_length=8, hole_length="grow")
+    with pytest.raises(UnmaskError, match="expand token") as e:  # a model without one
+        llada.generate([[1, 2]], GenerationParams(**p), suffix=[[3, 4]])
+    assert e.value.param == "hole_length"
+    engine = Engine(GrowModel(4), TOKENS, EngineConfig())
+    with pytest.raises(UnmaskError, match="dllm-cache") as e:
+        engine.add_request([1, 2], GenerationParams(**p, cache="dllm-cache"), suffix=[21])
+    assert e.value.param == "cache"
+    with pytest.raises(UnmaskError, match="revises") as e:
+        engine.add_request([1, 2], GenerationParams(**p, policy="edit"), suffix=[21])
+    assert e.value.param == "policy"
+    with pytest.raises(UnmaskError, match="hole_length 'grow'"):
+        llada.generate([[1, 2]], GenerationParams(**p, compat="llada"), suffix=[[3, 4]])
+
+
+def test_the_training_canvas_squeezes_spans_into_expand_tokens():
+    """DreamOn's training canvas (train/trainer.py expand_span): a group of two or more tokens is
+    one position whose target is the expand token, padding follows the groups inside the hole,
+    the row's later tokens follow, and the tokens of the span read back in order."""
+    from unmask.train.trainer import expand_span
+
+    gen = torch.Generator().manual_seed(3)
+    B, G = 64, 40
+    region = torch.arange(100, 100 + G).repeat(B, 1)
+    start = torch.randint(0, 10, (B,), generator=gen)
+    end = start + torch.randint(1, 20, (B,), generator=gen)
+    pad = torch.randint(0, 4, (B,), generator=gen)
+    squeeze = torch.rand(B, generator=gen) < 0.7
+    out, hole_end, valid = expand_span(region, start, end, pad, squeeze, EOS, EXPAND, gen)
+    for b in range(B):
+        s, e, h, row = int(start[b]), int(end[b]), int(hole_end[b]), out[b].tolist()
+        assert row[:s] == list(range(100, 100 + s))
+        hole = row[s:h]
+        groups = [t for t in hole if t != EOS]
+        assert hole[len(groups):] == [EOS] * int(pad[b])
+        assert (len(groups) == e - s) == (EXPAND not in groups)
+        assert len(groups) == e - s or bool(squeeze[b])
+        singles = [t for t in groups if t != EXPAND]
+        assert singles == sorted(singles) and all(100 + s <= t < 100 + e for t in singles)
+        rest = row[h : int(valid[b].sum())]
+        assert rest == list(range(100 + e, 100 + e + len(rest)))
+        assert len(rest) == min(G - e, G - h)
