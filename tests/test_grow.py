@@ -166,9 +166,10 @@ def test_grow_refusals_name_the_setting(llada):
 
 
 def test_the_training_canvas_squeezes_spans_into_expand_tokens():
-    """DreamOn's training canvas (train/trainer.py expand_span): a group of two or more tokens is
-    one position whose target is the expand token, padding follows the groups inside the hole,
-    the row's later tokens follow, and the tokens of the span read back in order."""
+    """DreamOn's training canvas (train/trainer.py expand_span): each expand-token position stands
+    for a run of two or more hidden tokens, the span's other tokens read back in order, its
+    hidden end-of-text padding follows it, the row's later tokens follow that, and a row that is
+    not squeezed hides its whole span (the plain span objective, padded)."""
     from unmask.train.trainer import expand_span
 
     gen = torch.Generator().manual_seed(3)
@@ -178,17 +179,27 @@ def test_the_training_canvas_squeezes_spans_into_expand_tokens():
     end = start + torch.randint(1, 20, (B,), generator=gen)
     pad = torch.randint(0, 4, (B,), generator=gen)
     squeeze = torch.rand(B, generator=gen) < 0.7
-    out, hole_end, valid = expand_span(region, start, end, pad, squeeze, EOS, EXPAND, gen)
+    t = torch.rand(B, generator=gen)
+    out, hidden, valid = expand_span(region, start, end, pad, squeeze, t, EOS, EXPAND, gen)
+    expanded = 0
     for b in range(B):
-        s, e, h, row = int(start[b]), int(end[b]), int(hole_end[b]), out[b].tolist()
-        assert row[:s] == list(range(100, 100 + s))
-        hole = row[s:h]
-        groups = [t for t in hole if t != EOS]
-        assert hole[len(groups):] == [EOS] * int(pad[b])
-        assert (len(groups) == e - s) == (EXPAND not in groups)
-        assert len(groups) == e - s or bool(squeeze[b])
-        singles = [t for t in groups if t != EXPAND]
-        assert singles == sorted(singles) and all(100 + s <= t < 100 + e for t in singles)
-        rest = row[h : int(valid[b].sum())]
-        assert rest == list(range(100 + e, 100 + e + len(rest)))
-        assert len(rest) == min(G - e, G - h)
+        s, e, row, hid = int(start[b]), int(end[b]), out[b].tolist(), hidden[b].tolist()
+        assert row[:s] == list(range(100, 100 + s)) and not any(hid[:s])
+        j, cur, run = s, 100 + s, 0  # walk the hole: `run` expand positions since the last token
+        while cur < 100 + e or run:
+            if j < G and row[j] == EXPAND:
+                assert hid[j] and squeeze[b]
+                run, j = run + 1, j + 1
+                continue
+            nxt = row[j] if j < G and 100 <= row[j] < 100 + e else 100 + e
+            assert nxt - cur >= 2 * run and (run or nxt == cur)  # each expand position: two or more tokens
+            expanded += run
+            if nxt == 100 + e:
+                break
+            assert squeeze[b] or hid[j]
+            cur, run, j = nxt + 1, 0, j + 1
+        assert row[j : j + int(pad[b])] == [EOS] * int(pad[b]) and all(hid[j : j + int(pad[b])])
+        j += int(pad[b])
+        n = int(valid[b].sum())
+        assert row[j:n] == list(range(100 + e, 100 + e + n - j)) and not any(hid[j:])
+    assert expanded > 0

@@ -84,10 +84,11 @@ class TrainConfig:
     # inside its masked span (the rest of the row moves right), so that a model given more masks
     # than the middle needs writes the middle and ends it (unmask's hole_length "bound")
     span_pad: int = 0
-    # DreamOn's expand token: a share `span_expand` of span rows holds its span in fewer masks
-    # (each gap between two of its tokens kept with a per-row rate drawn from U(0, 1)); a mask that
-    # stands for two or more tokens learns <|expand|> (at inference it becomes two masks), one that
-    # stands for one token learns the token. The vocabulary gains <|expand|> (the last id).
+    # DreamOn's expand token: a share `span_expand` of span rows is a hole of 1..64 tokens, each
+    # hidden with the row's noise level, neighbouring hidden tokens joined at a per-row rate from
+    # U(0, 1): a position that stands for two or more tokens learns <|expand|> (at inference it
+    # becomes two masks), followed by 0..span_pad hidden end-of-text tokens (deletions). The
+    # vocabulary gains <|expand|> (the last id).
     span_expand: float = 0.0
     fim_rate: float = 0.0
 
@@ -219,8 +220,8 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
     (divide by rows x canvas length for the mean). With `span_rate`, that share of rows masks one
     contiguous span of round(t * G) positions (at least one) at a uniform offset instead; with
     `span_pad`, 0..span_pad end-of-text tokens follow the span inside it (the row's later tokens
-    move right, the last ones leave the row); with `span_expand`, that share of span rows holds its
-    span in fewer masks (`expand_span`)."""
+    move right, the last ones leave the row); with `span_expand`, that share of span rows is
+    DreamOn's canvas instead (`expand_span`)."""
     B, G = b.ids.shape[0], b.ids.shape[1] - b.prompt_len
     masked = torch.rand(B, G, generator=gen) < t[:, None]
     target_ids, key_mask = b.ids, b.key_mask
@@ -233,11 +234,16 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
         if span_expand:
             pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span
             squeeze = span & (torch.rand(B, generator=gen) < span_expand)
-            region, end, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, eos_id, expand_id, gen)
+            short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()  # a hole's length
+            start = torch.where(squeeze, (torch.rand(B, generator=gen) * (G - short + 1)).long(), start)
+            end = torch.where(squeeze, start + short, end)
+            region, hidden, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, t, eos_id,
+                                                expand_id, gen)
             target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
             key_mask = torch.cat([torch.ones(B, b.prompt_len, dtype=torch.bool), valid], 1)
             if b.key_mask is not None:
                 key_mask = key_mask & b.key_mask
+            masked = torch.where(span[:, None], hidden, masked)
         elif span_pad:
             pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span  # span rows only
             src = torch.where(cols < end[:, None], cols, cols - pad[:, None]).clamp(min=0)
@@ -245,7 +251,8 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
             region = torch.where((cols >= end[:, None]) & (cols < (end + pad)[:, None]), eos_id, region)
             target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
             end = end + pad
-        masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < end[:, None]), masked)
+        if not span_expand:
+            masked = torch.where(span[:, None], (cols >= start[:, None]) & (cols < end[:, None]), masked)
     if key_mask is not None:
         masked = masked & key_mask[:, b.prompt_len :]
     ids = target_ids.clone()
@@ -257,36 +264,40 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
     return ((ce * masked) / t[:, None]).sum()
 
 
+EXPAND_SPAN = 64  # the longest squeezed span (a hole of a few lines)
+
+
 def expand_span(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, pad: torch.Tensor,
-                squeeze: torch.Tensor, eos_id: int, expand_id: int, gen: torch.Generator) -> tuple:
-    """DreamOn's training canvas for span rows (region (B, G): the answer columns; the span
-    [start, end) is the hole). Rows with `squeeze` cut their span into groups (each gap between
-    two of its tokens a cut with the row's rate, drawn from U(0, 1)): a group of one token stays
-    that token, a group of two or more becomes one position whose target is `expand_id`. `pad`
-    end-of-text tokens (DreamOn's deletions) follow the groups inside the hole. The row's later
+                squeeze: torch.Tensor, t: torch.Tensor, eos_id: int, expand_id: int, gen: torch.Generator) -> tuple:
+    """DreamOn's training canvas for span rows (region (B, G): the answer columns; [start, end)
+    the hole). A row with `squeeze` hides each of the hole's tokens with probability t (its noise
+    level) and joins each two neighbouring hidden tokens with a rate drawn for the row from
+    U(0, 1): a run of joined tokens is one position whose target is `expand_id` (at inference it
+    becomes two masks), a hidden token alone keeps its target; a row without hides the whole
+    hole. `pad` end-of-text tokens (DreamOn's deletions, hidden) follow the hole. The row's later
     tokens move left or right to follow; those pushed past G leave the row, and the columns left
-    empty at its end are padding. Returns (targets (B, G), the hole's new end (B,), real columns
-    (B, G) bool)."""
+    empty at its end are padding. Returns (targets (B, G), hidden positions (B, G) bool, real
+    columns (B, G) bool)."""
     B, G = region.shape
     cols = torch.arange(G)[None, :]
     inside = (cols >= start[:, None]) & (cols < end[:, None])
+    hidden = inside & ((torch.rand(B, G, generator=gen) < t[:, None]) | ~squeeze[:, None])
+    before = torch.cat([torch.zeros(B, 1, dtype=torch.bool), hidden[:, :-1]], 1)
     rate = torch.rand(B, 1, generator=gen)
-    cut = inside & (cols > start[:, None]) & ((torch.rand(B, G, generator=gen) < rate) | ~squeeze[:, None])
-    group = cut.long().cumsum(1)  # inside the span: its group's index
-    groups = (cut.long().sum(1) + 1)  # masks the span becomes
-    head = inside & ((cols == start[:, None]) | cut)
-    size = torch.zeros(B, G + 1, dtype=torch.long).scatter_add_(1, torch.where(inside, group, G), inside.long())
-    n = end - start
-    new = torch.where(cols < start[:, None], cols,
-                      torch.where(inside, torch.where(head, start[:, None] + group, G),
-                                  cols - (n - groups + 0)[:, None] + pad[:, None]))
-    new = new.clamp(max=G)  # past the row: the scratch column
-    token = torch.where(inside & head & (size.gather(1, torch.where(inside, group, G)) > 1), expand_id, region)
-    out = torch.full((B, G + 1), eos_id, dtype=region.dtype).scatter_(1, new, token)[:, :G]
-    hole_end = start + groups + pad
-    out = torch.where((cols >= (start + groups)[:, None]) & (cols < hole_end[:, None]), eos_id, out)
-    valid = cols < (G - n + groups + pad)[:, None]
-    return out, hole_end, valid
+    join = squeeze[:, None] & hidden & before & (cols > start[:, None]) & (torch.rand(B, G, generator=gen) < rate)
+    head = ~join
+    group = head.long().cumsum(1) - 1  # each column's position once joined runs are one
+    size = torch.zeros(B, G, dtype=torch.long).scatter_add_(1, group, torch.ones_like(group))
+    token = torch.where(head & hidden & (size.gather(1, group) > 1), expand_id, region)
+    new = group + torch.where(cols >= end[:, None], pad[:, None], 0)
+    dest = torch.where(head, new, G).clamp(max=G)
+    out = torch.full((B, G + 1), eos_id, dtype=region.dtype).scatter_(1, dest, token)[:, :G]
+    hid = torch.zeros(B, G + 1, dtype=torch.bool).scatter_(1, dest, head & hidden)[:, :G]
+    hole_end = (head & (cols < end[:, None])).sum(1)  # where the padding starts
+    padding = (cols >= hole_end[:, None]) & (cols < (hole_end + pad)[:, None])
+    out = torch.where(padding, eos_id, out)
+    valid = cols < (head.sum(1) + pad)[:, None]
+    return out, (hid | padding) & valid, valid
 
 
 def block_attention(positions: torch.Tensor, real: torch.Tensor | None, size: int) -> torch.Tensor:
