@@ -127,6 +127,33 @@ def test_a_code_model_trains_and_loads(root, tmp_path, kind, extra):
         assert filled.raw_ids == llm.generate([psm], p).results[0].raw_ids
 
 
+def test_an_expand_token_model_trains_from_a_model_without_one_and_its_holes_grow(root, tmp_path):
+    """`--span-expand` (DreamOn): the vocabulary gains <|expand|> (the last id; the model started
+    from one without it takes its weights, the new token's embedding the mask's), the checkpoint
+    names it (config expand_token_id) and its holes grow by default (generation_config)."""
+    import torch
+
+    from unmask.cli import main
+
+    tiny = ["--kind", "diffusion", "--corpus", str(root), "--layers", "1", "--d-model", "32", "--heads", "2",
+            "--mlp", "64", "--gen-length", "32", "--batch", "4", "--eval-every", "2", "--eval-n", "4",
+            "--vocab-size", "400", "--quiet", "--span-rate", "0.5"]
+    assert main(["train", "--out", str(tmp_path / "a"), "--steps", "2", *tiny]) == 0
+    assert main(["train", "--out", str(tmp_path / "b"), "--steps", "1", "--span-expand", "0.5", "--span-pad", "2",
+                 "--lr", "1e-9", "--init-from", str(tmp_path / "a"), *tiny]) == 0
+    a, b = LLM(str(tmp_path / "a" / "model")), LLM(str(tmp_path / "b" / "model"))
+    expand = b.token_ids.expand
+    assert a.token_ids.expand is None and expand == a.arch.vocab_size == b.arch.vocab_size - 1
+    assert b.tokenizer.decode([expand], skip_special_tokens=False) == "<|expand|>"
+    assert json.loads((tmp_path / "b" / "model" / "config.json").read_text())["expand_token_id"] == expand
+    wte = dict(b.model.named_parameters())["model.transformer.wte.weight"]
+    assert torch.allclose(wte[expand], wte[b.token_ids.mask], atol=1e-6)
+    p = b.default_params(gen_length=8)
+    assert p.hole_length == "grow"
+    res = b.generate("def add(a, b):\n", p, suffix="    return c\n").results[0]
+    assert len(res.raw_ids) <= 8 and expand not in res.raw_ids
+
+
 def test_code_training_settings_are_checked():
     from unmask.train.trainer import TrainConfig
 
@@ -134,6 +161,8 @@ def test_code_training_settings_are_checked():
         TrainConfig(kind="diffusion", corpus="stdlib", fim_rate=0.5).check()
     with pytest.raises(UnmaskError, match="span_rate 0.5 must be in"):
         TrainConfig(kind="diffusion", span_rate=0.5).check()
+    with pytest.raises(UnmaskError, match="span_expand 0.5 must be in"):
+        TrainConfig(kind="diffusion", corpus="stdlib", span_expand=0.5).check()
     with pytest.raises(UnmaskError, match="a code model is a diffusion model or its ar twin"):
         TrainConfig(kind="block", corpus="stdlib").check()
 

@@ -113,24 +113,31 @@ def test_a_growing_hole_keeps_its_text_around_it_and_its_committed_prefix():
     assert req.canvas == seen and len(seen) == 11
 
 
+class Biased(torch.nn.Module):
+    """A model with `bias` added to its logits."""
+
+    def __init__(self, inner, bias):
+        super().__init__()
+        self.inner, self.config, self.bias = inner, inner.config, bias
+
+    def forward(self, *a, **k):
+        return self.inner(*a, **k) + self.bias
+
+
+def _growing(llada) -> LLM:
+    """The tiny LLaDA with its last id as the expand token, made likely (so are ends of text)."""
+    vocab = llada.arch.vocab_size
+    bias = torch.zeros(vocab)
+    bias[vocab - 1], bias[llada.token_ids.eos] = 3.0, 1.0
+    return LLM.from_parts(Biased(llada.model, bias), llada.tokenizer,
+                          dataclasses.replace(llada.token_ids, expand=vocab - 1))
+
+
 @pytest.mark.parametrize("cache", ["prefix", "dual", "adaptive"])
 def test_caches_refreshed_every_step_decode_a_growing_hole_as_no_cache(llada, cache):
     """A real model whose expand token and end of text are likely (their logits raised): caches
     that refresh every step give no cache's tokens; the edit moved the suffix's K/V with it."""
-    vocab = llada.arch.vocab_size
-    expand = vocab - 1
-    bias = torch.zeros(vocab)
-    bias[expand], bias[llada.token_ids.eos] = 3.0, 1.0
-
-    class Biased(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.config = inner, inner.config
-
-        def forward(self, *a, **k):
-            return self.inner(*a, **k) + bias
-
-    llm = LLM.from_parts(Biased(llada.model), llada.tokenizer, dataclasses.replace(llada.token_ids, expand=expand))
+    llm = _growing(llada)
     prompts, suffixes = [[3, 1, 4, 1, 5], [9, 2, 6]], [[7, 8, 9, 7], [5, 3]]
     base = dict(gen_length=16, block_length=16, hole_length="grow", policy="threshold", threshold=0.3)
     ref = llm.generate(prompts, GenerationParams(**base), suffix=suffixes)
@@ -138,6 +145,20 @@ def test_caches_refreshed_every_step_decode_a_growing_hole_as_no_cache(llada, ca
     assert any(n > START for n in lengths)  # the holes did grow
     out = llm.generate(prompts, GenerationParams(**base, cache=cache, refresh_interval=1), suffix=suffixes)
     assert [r.raw_ids for r in out.results] == [r.raw_ids for r in ref.results]
+
+
+def test_templates_with_several_holes_grow_hole_by_hole(llada):
+    """Each hole of a template grows on its own (left to right, as bounded holes do); the fixed
+    text between them is kept, and each hole is at most its bound."""
+    llm = _growing(llada)
+    expand = llm.token_ids.expand
+    p = GenerationParams(policy="threshold", threshold=0.3, hole_length="grow", gen_length=8, block_length=8)
+    out = llm.infill(["w1 w2 w3 <|hole:6|> w5 w6 <|hole:5|> w7 w8", "w9 <|hole:7|> w4"], p)
+    two, one = out.results
+    assert len(two.holes) == 2 and len(one.holes) == 1
+    assert " w5 w6 " in f" {two.text} " and expand not in two.raw_ids + one.raw_ids
+    lengths = [len(llm.tokenizer.encode(h, add_special_tokens=False)) for h in two.holes + one.holes]
+    assert all(n <= b for n, b in zip(lengths, (6, 5, 7))) and any(n > START for n in lengths)
 
 
 def test_a_hole_that_does_not_grow_never_writes_the_expand_token():

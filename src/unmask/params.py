@@ -55,7 +55,8 @@ def _declared() -> dict[str, Knob]:
                               "suffix's own text, ends the middle), 'grow' (a model with an expand token, DreamOn's: "
                               "the hole starts at 4 masks, grows where the model writes the expand token and ends "
                               "at its end of text, up to gen_length) or 'exact' (gen_length tokens, as a reference "
-                              "sampler decodes it; the default of compat modes)", choices(("bound", "grow", "exact")))
+                              "sampler decodes it; the default of compat modes)", choices(("bound", "grow", "exact")),
+                              from_model=True)
     out["min_tokens"] = Knob(0, int, "tokens of the answer (or of a hole) before which no end-of-text token is "
                              "proposed (vLLM's and Mistral's min_tokens)", non_negative_int)
     return out

@@ -209,7 +209,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         elif cfg.kind == "renoise":
             renoise.save(model, tok, out / "model", cfg, token_ids(tok), meta)
         else:
-            save_model(model, tok, out / "model", {"gen_length": g, "block_length": block, "steps": g}, meta)
+            defaults = {"gen_length": g, "block_length": block, "steps": g}
+            if cfg.span_expand:  # its holes grow and shrink by default (DreamOn)
+                defaults["hole_length"] = "grow"
+            save_model(model, tok, out / "model", defaults, meta)
         torch.save({"config": asdict(cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "sampler": sampler.state(), "generator": gen.get_state(), "step": step,
                     "history": history, "elapsed": elapsed + time.time() - t0, "smooth": smooth}, out / (STATE + ".tmp"))

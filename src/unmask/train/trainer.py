@@ -85,10 +85,10 @@ class TrainConfig:
     # than the middle needs writes the middle and ends it (unmask's hole_length "bound")
     span_pad: int = 0
     # DreamOn's expand token: a share `span_expand` of span rows is a hole of 1..64 tokens, each
-    # hidden with the row's noise level, neighbouring hidden tokens joined at a per-row rate from
-    # U(0, 1): a position that stands for two or more tokens learns <|expand|> (at inference it
-    # becomes two masks), followed by 0..span_pad hidden end-of-text tokens (deletions). The
-    # vocabulary gains <|expand|> (the last id).
+    # hidden with probability (1 + t) / 2 (t: the row's noise level), neighbouring hidden tokens
+    # joined at a per-row rate from U(0, 1): a position that stands for two or more tokens learns
+    # <|expand|> (at inference it becomes two masks); a quarter of these holes are followed by
+    # 1..span_pad hidden end-of-text tokens (deletions). The vocabulary gains <|expand|> (the last id).
     span_expand: float = 0.0
     fim_rate: float = 0.0
 
@@ -232,11 +232,16 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
         cols = torch.arange(G)[None, :]
         end = start + n
         if span_expand:
-            pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long() * span
             squeeze = span & (torch.rand(B, generator=gen) < span_expand)
-            short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()  # a hole's length
+            # a squeezed hole: 1..64 tokens, mostly hidden (at inference it starts all masks, fewer than
+            # its text), end-of-text padding (more masks than its text) on a quarter of them
+            pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long()
+            pad = torch.where(squeeze, (1 + (torch.rand(B, generator=gen) * span_pad).long())
+                              * (torch.rand(B, generator=gen) < 0.25), pad * span)
+            short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()
             start = torch.where(squeeze, (torch.rand(B, generator=gen) * (G - short + 1)).long(), start)
             end = torch.where(squeeze, start + short, end)
+            t = torch.where(squeeze, 0.5 + 0.5 * t, t)
             region, hidden, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, t, eos_id,
                                                 expand_id, gen)
             target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
