@@ -224,3 +224,27 @@ def test_the_training_canvas_squeezes_spans_into_expand_tokens():
         n = int(valid[b].sum())
         assert row[j:n] == list(range(100 + e, 100 + e + n - j)) and not any(hid[j:])
     assert expanded > 0
+
+
+def test_squeezed_holes_are_whole_lines():
+    """line_span: a hole starts at a line start and ends after a newline (1-4 lines), at most
+    EXPAND_SPAN tokens; a line longer than that is cut to its first EXPAND_SPAN tokens."""
+    import random
+
+    from unmask.train.trainer import EXPAND_SPAN, line_span
+
+    NL, rng = 9, random.Random(0)
+    rows = []
+    for b in range(32):
+        r: list[int] = []
+        while len(r) < 200:
+            r += [rng.randint(10, 30) for _ in range(rng.randint(1, 90 if b == 0 else 25))] + [NL]
+        rows.append(r[:200])
+    region = torch.tensor(rows)
+    start, end = line_span(region, NL, torch.Generator().manual_seed(0))
+    for b in range(32):
+        s, e, row = int(start[b]), int(end[b]), rows[b]
+        assert s == 0 or row[s - 1] == NL
+        assert 0 < e - s <= EXPAND_SPAN
+        lines = row[s:e].count(NL)
+        assert (row[e - 1] == NL and 1 <= lines <= 4) or e - s == EXPAND_SPAN or e == 200

@@ -194,6 +194,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
         step, history, elapsed = saved["step"], saved["history"], saved["elapsed"]
     mask_id, eos_id = tok.token_to_id("<|mdm_mask|>"), tok.token_to_id("<|endoftext|>")
     expand_id = tok.token_to_id(EXPAND)
+    newline = tok.encode("\n", add_special_tokens=False).ids if rows is not None else []
+    line_id = newline[0] if len(newline) == 1 else None  # a code model's holes of whole lines
     t0 = time.time()
     smooth = saved.get("smooth") if resume else None  # the logged loss is smoothed across parts too
 
@@ -232,7 +234,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, saved: dict | None, progre
             else:
                 batches = make_batches(examples, tok, cfg.gen_length)
         opt.zero_grad(set_to_none=True)
-        loss = train_step(model, batches, cfg, mask_id, gen, eos_id, expand_id)
+        loss = train_step(model, batches, cfg, mask_id, gen, eos_id, expand_id, line_id)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1

@@ -215,7 +215,7 @@ def noise_levels(B: int, eps: float, gen: torch.Generator) -> torch.Tensor:
 
 def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Generator,
                    span_rate: float = 0.0, span_pad: int = 0, eos_id: int | None = None,
-                   span_expand: float = 0.0, expand_id: int | None = None) -> torch.Tensor:
+                   span_expand: float = 0.0, expand_id: int | None = None, line_id: int | None = None) -> torch.Tensor:
     """Sum over rows of the LLaDA SFT loss: cross-entropy on masked answer positions weighted by 1/t
     (divide by rows x canvas length for the mean). With `span_rate`, that share of rows masks one
     contiguous span of round(t * G) positions (at least one) at a uniform offset instead; with
@@ -238,10 +238,15 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
             pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long()
             pad = torch.where(squeeze, (1 + (torch.rand(B, generator=gen) * span_pad).long())
                               * (torch.rand(B, generator=gen) < 0.25), pad * span)
-            short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()
-            start = torch.where(squeeze, (torch.rand(B, generator=gen) * (G - short + 1)).long(), start)
-            end = torch.where(squeeze, start + short, end)
-            t = torch.where(squeeze, 0.5 + 0.5 * t, t)
+            lines = line_span(b.ids[:, b.prompt_len :], line_id, gen) if line_id is not None else None
+            if lines is None:
+                short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()
+                lines = ((torch.rand(B, generator=gen) * (G - short + 1)).long(), None)
+                lines = (lines[0], lines[0] + short)
+            start = torch.where(squeeze, lines[0], start)
+            end = torch.where(squeeze, lines[1], end)
+            # half of them wholly hidden (as a hole is when its decode starts), the rest mostly
+            t = torch.where(squeeze, torch.where(torch.rand(B, generator=gen) < 0.5, 1.0, 0.5 + 0.5 * t), t)
             region, hidden, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, t, eos_id,
                                                 expand_id, gen)
             target_ids = torch.cat([b.ids[:, : b.prompt_len], region], 1)
@@ -270,6 +275,28 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
 
 
 EXPAND_SPAN = 64  # the longest squeezed span (a hole of a few lines)
+
+
+def line_span(region: torch.Tensor, line_id: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A hole of whole lines in each row (DreamOn's "line" middles; `line_id`: the newline token,
+    always a token of its own in the code models' vocabulary): 1-4 lines from a random line start,
+    fewer when longer than EXPAND_SPAN tokens, the first EXPAND_SPAN tokens of one line when even
+    it is. Returns (start, end) (B,)."""
+    B, G = region.shape
+    cols = torch.arange(G)[None, :]
+    begins = torch.cat([torch.ones(B, 1, dtype=torch.bool), region[:, :-1] == line_id], 1)
+    start = torch.where(begins, torch.rand(B, G, generator=gen), -1.0).argmax(1)
+    after = begins & (cols > start[:, None])
+    nth = after.long().cumsum(1)  # line starts after `start`, counted
+    want = 1 + (torch.rand(B, generator=gen) * 4).long()
+    ends = torch.where(after, cols, G)
+    end = G + torch.zeros_like(start)
+    for k in range(4, 0, -1):  # the k-th line start after `start`, the most lines that fit
+        kth = torch.where(nth == k, ends, G).min(1).values
+        fits = (k <= want) & (kth - start <= EXPAND_SPAN)
+        end = torch.where(fits & (end == G), kth, end)
+    end = torch.where(end == G, torch.clamp(start + EXPAND_SPAN, max=G), end)
+    return start, end
 
 
 def expand_span(region: torch.Tensor, start: torch.Tensor, end: torch.Tensor, pad: torch.Tensor,
@@ -389,7 +416,7 @@ def ar_targets(b: Batch) -> int:
 
 
 def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, gen: torch.Generator,
-               eos_id: int | None = None, expand_id: int | None = None) -> float:
+               eos_id: int | None = None, expand_id: int | None = None, line_id: int | None = None) -> float:
     """Forward and backward over a batch split into length groups; gradients accumulate to exactly
     those of the whole batch's mean loss. Returns that loss."""
     if cfg.kind == "dflash":  # the weighted mean over both groups' blocks
@@ -412,7 +439,7 @@ def train_step(model, batches: list[Batch], cfg: "TrainConfig", mask_id: int, ge
         n = b.ids.shape[0]
         if cfg.kind == "diffusion":
             loss = diffusion_loss(model, b, mask_id, t[r : r + n], gen, cfg.span_rate, cfg.span_pad, eos_id,
-                                  cfg.span_expand, expand_id) / denom
+                                  cfg.span_expand, expand_id, line_id) / denom
         elif cfg.kind == "renoise":
             from unmask.train.renoise import renoise_loss
 
