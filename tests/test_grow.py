@@ -46,20 +46,40 @@ class GrowModel(DiffusionLM):
         return logits if logits_slice is None else logits[:, logits_slice]
 
 
+class CycleModel(GrowModel):
+    """Grows a short hole and cuts a long one back: expand at every position while the hole has
+    fewer than 6 positions, end of text at its third from 6 on (a cycle only the expand budget
+    ends)."""
+
+    def forward(self, input_ids, positions, kv=None, kv_start=0, key_mask=None, logits_slice=None):
+        B, n = input_ids.shape
+        logits = torch.zeros(B, n, 64)
+        for b in range(B):
+            row = input_ids[b].tolist()
+            P = next(j for j, t in enumerate(row) if not 1 <= t < 20)
+            end = next((j for j in range(P, n) if 20 <= row[j] < 30), n)
+            for j in range(P, end):
+                i = j - P
+                tok = EXPAND if end - P < 6 else EOS if i == 2 else 30 + i
+                logits[b, j, tok] = 2.0 + ((j * 7) % 11) / 3 + (3.0 if tok != 30 + i else 0.0)
+        return logits if logits_slice is None else logits[:, logits_slice]
+
+
 def dreamon_infill(model, prefix: list[int], suffix: list[int], bound: int) -> list[int]:
     """DreamOn's `batch_generate_with_expand_as_token` (greedy, one token per step by the highest
     probability among the masks), written from its rules: the hole starts at START masks; the
-    expand token is banned once the hole is at its bound; an end of text ends the hole (it and
-    the masks after it are deleted); an expand token becomes two masks."""
+    expand token is banned once the hole is at its bound or its expand budget (the bound) is
+    spent; an end of text ends the hole (it and the masks after it are deleted); an expand token
+    becomes two masks."""
     x = prefix + [MASK] * START + suffix
-    P = len(prefix)
+    P, budget = len(prefix), bound
     while True:
         h = len(x) - P - len(suffix)
         masks = [j for j in range(P, P + h) if x[j] == MASK]
         if not masks:
             return x[P : P + h]
         logits = model(torch.tensor([x]), torch.arange(len(x))[None])[0]
-        if h >= bound:
+        if h >= bound or budget == 0:
             logits[:, EXPAND] = -torch.inf
         prob = torch.softmax(logits, -1)
         conf, tok = prob.max(-1)
@@ -68,9 +88,21 @@ def dreamon_infill(model, prefix: list[int], suffix: list[int], bound: int) -> l
         if t == EOS:
             x = x[:j] + [v for k, v in enumerate(x[j:P + h], j) if v != MASK and k != j] + x[P + h :]
         elif t == EXPAND:
-            x = x[:j] + [MASK, MASK] + x[j + 1 :]
+            x, budget = x[:j] + [MASK, MASK] + x[j + 1 :], budget - 1
         else:
             x[j] = t
+
+
+def test_expanding_and_deleting_in_a_cycle_ends_with_the_expand_budget():
+    model = CycleModel(0)
+    p = GenerationParams(gen_length=12, block_length=12, steps=12, hole_length="grow")
+    engine = Engine(model, TOKENS, EngineConfig(trace_limit=None))
+    req = engine.add_request([1, 2, 3], p, suffix=[21, 22])
+    for _ in range(200):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert not engine.has_unfinished() and req.canvas == dreamon_infill(model, [1, 2, 3], [21, 22], 12)
 
 
 def _engine_infill(model, rows: list[tuple[list[int], list[int]]], params) -> list[list[int]]:

@@ -4,8 +4,10 @@ with an expand token decides the hole's length while it decodes.
 A growing hole starts as `START` masks (DreamOn's evaluation starts at 4), at most its bound
 (gen_length). After each step, in the hole's columns that were masks before the step:
 - **expand**: a position committed to the expand token becomes two masks (the hole lengthens by
-  one), while the hole is shorter than its bound; past it the expand token is never proposed
-  (its logit is -inf), and expansions of one step beyond the room left stay masks;
+  one), while the hole is shorter than its bound and has expansions left (DreamOn's expand
+  budget: gen_length in all, so that expanding and deleting cannot go on forever); otherwise the
+  expand token is never proposed (its logit is -inf), and expansions of one step beyond what is
+  left stay masks;
 - **delete**: an end of text committed there ends the hole: it and every position after it that
   was a mask before the step leave the canvas (DreamOn's end-of-text padding to the right, then
   deletion); tokens committed before it stay.
@@ -46,11 +48,11 @@ class Growth:
 
     def hold(self, idx: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The logits with the expand token at -inf for rows that may not lengthen now: rows whose
-        hole does not grow, and growing holes at their bound."""
+        hole does not grow, and growing holes at their bound or out of expansions."""
         if self.local is None:
             return logits
         r = self.rows
-        banned = (r.lim[idx] <= r.L[idx])[:, None]  # lim 0: not a growing row
+        banned = ((r.lim[idx] <= r.L[idx]) | (r.budget[idx] <= 0))[:, None]  # lim 0: not a growing row
         logits[..., self.local].masked_fill_(banned, -torch.inf)  # the forward's own logits, in place
         return logits
 
@@ -70,10 +72,11 @@ class Growth:
         first = torch.where(stop.any(1), stop.int().argmax(1), cap + 1)
         delete = hole & (cols >= first[:, None])
         expand = hole & (r.x == self.expand) & ~delete if self.expand is not None else torch.zeros_like(hole)
-        room = r.lim - r.L + delete.sum(1)
+        room = torch.minimum(r.lim - r.L + delete.sum(1), r.budget)
         over = expand & (expand.long().cumsum(1) > room[:, None])
         r.x = torch.where(over, self.mask, r.x)  # past the bound: still masks
         expand = expand & ~over
+        r.budget = r.budget - expand.sum(1)
         width = 1 - delete.long() + expand.long()
         new = width.cumsum(1) - width  # each old column's first new column
         delta = expand.sum(1) - delete.sum(1)

@@ -195,6 +195,7 @@ class RowState(Rows):
     T: torch.Tensor = per_row()  # the canvas's end: L + the suffix after the hole (infilling), else L
     P: torch.Tensor = per_row()  # prompt end
     lim: torch.Tensor = per_row()  # a growing hole's bound: P + gen_length (0: the hole does not grow, engine/grow.py)
+    budget: torch.Tensor = per_row()  # expansions a growing hole may still make (DreamOn's expand budget)
     blk: torch.Tensor = per_row()  # block length
     spb: torch.Tensor = per_row()  # steps in the current block
     tps: torch.Tensor = per_row()  # a block model's fixed schedule: tokens per step (0: steps per block)
@@ -251,7 +252,7 @@ class RowState(Rows):
             self.declare(name)
         self.append([req], dict(
             **{name: [init(P, align)] for name, init in cache.row_state.items()},
-            x=x, pos=pos, L=L, T=T, P=P, lim=lim, blk=p.block_length, spb=p.steps_per_block,
+            x=x, pos=pos, L=L, T=T, P=P, lim=lim, budget=p.gen_length if lim else 0, blk=p.block_length, spb=p.steps_per_block,
             # a block model's fixed schedule, and a growing hole's (its masks change as it decodes)
             tps=max(1, p.gen_length // p.total_steps) if align or lim else 0, s=P, e=e, block=0, step=0, age=0,
             # a template's row runs to the end of its region: an end of text ends a hole, not the row
