@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--model", default="default-code", help="the diffusion code model (a name or folder)")
     ap.add_argument("--ar", default="default-code-ar", help="its prefix-suffix-middle twin ('' to skip)")
+    ap.add_argument("--only", default="true,grow,bound,fixed", help="which rows (comma-separated)")
     ap.add_argument("--split", default="test", help="the held-out split the holes come from (select: to choose)")
     ap.add_argument("--out", default="benchmarks/results/code_holes.json")
     a = ap.parse_args()
@@ -64,12 +65,15 @@ def main() -> None:
     rows = {}
     for kind, bound in BOUNDS.items():
         exs = hole_examples(llm.tokenizer, a.split, kind, a.n)
+        only = set(a.only.split(","))
         true = run(llm, exs, lambda e: e["middle_tokens"], "exact", a.batch)
         rows[f"{kind}: true length"] = true
-        modes = [(f"{kind}: bound {bound}", "bound"), (f"{kind}: fixed {bound}", "exact")]
+        modes = [(f"{kind}: bound {bound}", "bound", "bound"), (f"{kind}: fixed {bound}", "exact", "fixed")]
         if llm.token_ids.expand is not None:  # a model trained with DreamOn's expand token
-            modes.insert(0, (f"{kind}: grow to {bound}", "grow"))
-        for name, mode in modes:
+            modes.insert(0, (f"{kind}: grow to {bound}", "grow", "grow"))
+        for name, mode, key in modes:
+            if key not in only:
+                continue
             r = run(llm, exs, lambda e: bound, mode, a.batch)
             r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
             rows[name] = r
