@@ -47,18 +47,18 @@ def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationPara
                 {"state": "masked", "text": ""} for j, t in enumerate(canvas)]
 
     async def events():
-        done, step, committed_total = False, 0, 0
+        done, step, committed_total, forwards = False, 0, 0, 0
         try:
             while True:
                 item = await queue.get()
                 if item is None or isinstance(item, BaseException):
                     break
-                step += 1
-                committed_total += item.request.commits[-1] if item.request.commits else 0
+                # this step's own counts (the request's running totals may be ahead of the queue)
+                step, committed_total, forwards = step + 1, committed_total + item.tokens, forwards + item.forwards
                 text.add(item.new_ids)
                 shown = (cells(item.canvas or [], item.proposal or {}) if item.states is None else
                          [{"state": st, "text": piece(t)} for t, st in zip(item.canvas, item.states)])
-                yield sse({"type": "step", "step": step, "nfe": item.request.nfe,
+                yield sse({"type": "step", "step": step, "nfe": forwards,
                            "cells": shown, "committed": item.committed,
                            "tokens_per_forward": committed_total / step, "text": text.text})
                 if item.finished or text.finish_reason is not None:
