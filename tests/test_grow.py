@@ -36,14 +36,16 @@ class GrowModel(DiffusionLM):
             row = input_ids[b].tolist()
             P = next(j for j, t in enumerate(row) if not 1 <= t < 20)
             end = next((j for j in range(P, n) if 20 <= row[j] < 30), n)
-            h = end - P
             for j in range(P, end):
-                i = j - P
-                tok = EXPAND if h < self.want and i % 2 else EOS if i >= self.want else 30 + i
-                logits[b, j, tok] = 2.0 + ((j * 7) % 11) / 3
+                tok, strength = self.propose(j - P, end - P)
+                logits[b, j, tok] = strength + ((j * 7) % 11) / 3
         if isinstance(logits_slice, torch.Tensor):
             return logits.gather(1, logits_slice[..., None].expand(-1, -1, 64))
         return logits if logits_slice is None else logits[:, logits_slice]
+
+    def propose(self, i: int, h: int) -> tuple[int, float]:
+        """Hole position i of a hole of h positions: its token and a base strength."""
+        return (EXPAND if h < self.want and i % 2 else EOS if i >= self.want else 30 + i), 2.0
 
 
 class CycleModel(GrowModel):
@@ -51,18 +53,9 @@ class CycleModel(GrowModel):
     fewer than 6 positions, end of text at its third from 6 on (a cycle only the expand budget
     ends)."""
 
-    def forward(self, input_ids, positions, kv=None, kv_start=0, key_mask=None, logits_slice=None):
-        B, n = input_ids.shape
-        logits = torch.zeros(B, n, 64)
-        for b in range(B):
-            row = input_ids[b].tolist()
-            P = next(j for j, t in enumerate(row) if not 1 <= t < 20)
-            end = next((j for j in range(P, n) if 20 <= row[j] < 30), n)
-            for j in range(P, end):
-                i = j - P
-                tok = EXPAND if end - P < 6 else EOS if i == 2 else 30 + i
-                logits[b, j, tok] = 2.0 + ((j * 7) % 11) / 3 + (3.0 if tok != 30 + i else 0.0)
-        return logits if logits_slice is None else logits[:, logits_slice]
+    def propose(self, i: int, h: int) -> tuple[int, float]:
+        tok = EXPAND if h < 6 else EOS if i == 2 else 30 + i
+        return tok, 2.0 + (3.0 if tok != 30 + i else 0.0)
 
 
 def dreamon_infill(model, prefix: list[int], suffix: list[int], bound: int) -> list[int]:

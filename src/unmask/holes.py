@@ -145,6 +145,12 @@ def params_for(params: GenerationParams, t: Template, block_size: int | None = N
     return replace(params, gen_length=G, block_length=G // blocks, steps=steps)
 
 
+def ends_at_suffix(params: GenerationParams) -> bool:
+    """Whether a hole's middle ends where it goes on with the text after it (`hole_length` "bound",
+    the native default); an exact hole has its length, a growing one ends where the model deletes."""
+    return params.hole_length not in ("exact", "grow")
+
+
 def cut_hole(t: Template, h: int, ids: list[int], stops, bounded: bool) -> tuple[list[int], bool, int]:
     """Hole `h`'s text from its decoded ids so far (its committed prefix): (the text's ids, whether
     the hole has ended — an end of text, or with `bounded` its going on with the text after it —,

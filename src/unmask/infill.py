@@ -65,7 +65,7 @@ def rounds(llm, items: list, params: GenerationParams) -> BatchOutput:
             raw[s:e] = hole + [eos] * (e - s - len(hole))
         whole = replace(parts[0], raw_ids=raw, nfe=sum(r.nfe for r in parts),
                         commits=sum((r.commits for r in parts), []), seconds=sum(r.seconds for r in parts))
-        results.append(template_result(llm, t, whole, bounded=True))
+        results.append(template_result(llm, t, whole, bounded=holes_.ends_at_suffix(params)))
     return BatchOutput(results, steps, seconds, params.cache, max(len(t.prompt) for t, _ in items))
 
 

@@ -5,7 +5,6 @@ import numbers
 
 import torch
 
-from unmask.cache.base import CACHES
 from unmask.compat import get_mode
 from unmask.errors import UnmaskError
 from unmask.models.base import ArchConfig, TokenIds
@@ -141,7 +140,7 @@ def check_grow(params: GenerationParams, tokens: TokenIds, takes) -> None:
                           "<|expand|>); this model has none: use 'bound' or 'exact'", param="hole_length")
     if params.cache not in GROW_CACHES:
         raise UnmaskError(f"cache {params.cache!r} with hole_length 'grow': its K/V would not follow the hole's "
-                          f"edits; use {', '.join(c for c in GROW_CACHES if c in CACHES)}", param="cache")
+                          f"edits; use {', '.join(GROW_CACHES)}", param="cache")
     if POLICIES[params.policy].revises:
         raise UnmaskError(f"policy {params.policy!r} revises committed tokens; a hole that grows takes a policy that "
                           "does not", param="policy")

@@ -304,8 +304,8 @@ class LLM:
                 if out.logprobs:
                     scores[out.request.id] += out.logprobs
         seconds = time.perf_counter() - t0
-        bounded = [None if suffixes is None or each[r].hole_length in ("exact", "grow") or (fills is not None and fills[r] is not None)
-                   else suffixes[r] for r in range(len(reqs))]
+        bounded = [None if suffixes is None or not holes_.ends_at_suffix(each[r])
+                   or (fills is not None and fills[r] is not None) else suffixes[r] for r in range(len(reqs))]
         results = [self.result_of(q.canvas, q.nfe, q.commits, q.finished - t0, suffix=bounded[r], **q.counters())
                    for r, q in enumerate(reqs)]
         if logprobs is not None:

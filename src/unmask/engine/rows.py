@@ -148,8 +148,8 @@ class Rows:
     def col_fields(self) -> list[tuple[str, object]]:
         """(name, fill) of the canvas-wide fields that hold a value per column (allocated ones; not
         the K/V rows, nor `pos`, which follows from the canvas length)."""
-        return [(f.name, self._fill(f)) for f in self._fields()
-                if f.metadata["cols"] and not f.metadata["layers"] and f.name != "pos" and getattr(self, f.name) is not None]
+        return [(f.name, self._fill(f)) for f in self._fields() if f.metadata["cols"] and not f.metadata["layers"]
+                and f.name != "pos" and getattr(self, f.name) is not None]
 
     def declare(self, name: str) -> None:
         """A per-row counter a component owns (`state[name]`, (n,) long; 0 for rows already there)."""
@@ -252,7 +252,8 @@ class RowState(Rows):
             self.declare(name)
         self.append([req], dict(
             **{name: [init(P, align)] for name, init in cache.row_state.items()},
-            x=x, pos=pos, L=L, T=T, P=P, lim=lim, budget=p.gen_length if lim else 0, blk=p.block_length, spb=p.steps_per_block,
+            x=x, pos=pos, L=L, T=T, P=P, lim=lim, budget=p.gen_length if lim else 0, blk=p.block_length,
+            spb=p.steps_per_block,
             # a block model's fixed schedule, and a growing hole's (its masks change as it decodes)
             tps=max(1, p.gen_length // p.total_steps) if align or lim else 0, s=P, e=e, block=0, step=0, age=0,
             # a template's row runs to the end of its region: an end of text ends a hole, not the row

@@ -16,6 +16,7 @@ from dataclasses import replace
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from unmask import holes as holes_
 from unmask.errors import UnmaskError
 from unmask.inputs import layout
 from unmask.llm import LLM
@@ -61,9 +62,9 @@ class Completion(HoleRounds):
         self.n = body.n
         self.names = [self.rid] if self.n == 1 else [f"{self.rid}-{i}" for i in range(self.n)]
         self.live = list(self.names)  # each choice's engine request now (a template's: its hole's)
-        cut = params.hole_length not in ("exact", "grow")  # a bounded hole's middle ends where the suffix begins
-        suffix = self.holes.get("suffix") if cut and template is None else None
-        self.streams = [TextStream(llm, body.stops(), template, suffix, self.rounds is not None)
+        suffix = self.holes.get("suffix") if holes_.ends_at_suffix(params) and template is None else None
+        self.streams = [TextStream(llm, body.stops(), template, suffix,
+                                  self.rounds is not None and holes_.ends_at_suffix(self.rounds))
                         for _ in range(self.n)]
         self.reqs: list = [None] * self.n
         self.done = [False] * self.n

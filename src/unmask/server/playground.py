@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fastapi.responses import HTMLResponse, StreamingResponse
 
+from unmask import holes as holes_
 from unmask.llm import LLM
 from unmask.params import GenerationParams
 from unmask.server.async_engine import AsyncEngine, QueueFull
@@ -35,7 +36,7 @@ def stream(engine: AsyncEngine, llm: LLM, ids: list[int], params: GenerationPara
         queue = engine.submit(rid, ids, params, watch=True, **holes)
     except QueueFull as e:
         raise APIError(429, str(e), "rate_limit_error") from None
-    text = TextStream(llm, stops, suffix=holes.get("suffix") if params.hole_length not in ("exact", "grow") else None)
+    text = TextStream(llm, stops, suffix=holes.get("suffix") if holes_.ends_at_suffix(params) else None)
     stop_ids, mask = set(llm.token_ids.stop), llm.token_ids.mask
 
     def piece(t: int) -> str:  # end of text shows as one mark, not its long special-token name

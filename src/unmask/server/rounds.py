@@ -76,7 +76,7 @@ class HoleRounds:
                 new = list(item.new_ids)
                 last = item.finished and h == len(t.holes) - 1
                 if item.finished:  # this hole's text, the padding up to its bound, the text after it
-                    filled.append(holes_.cut_hole(t, h, written, stops, True)[0])
+                    filled.append(holes_.cut_hole(t, h, written, stops, holes_.ends_at_suffix(self.rounds))[0])
                     new += [eos] * (e - s - len(written)) + t.region[e : t.holes[h + 1][0] if not last else e]
                     written = []
                 await self.merged.put((i, replace(item, request=whole, new_ids=new, finished=last)))

@@ -238,13 +238,13 @@ def diffusion_loss(model, b: Batch, mask_id: int, t: torch.Tensor, gen: torch.Ge
             pad = (torch.rand(B, generator=gen) * (span_pad + 1)).long()
             pad = torch.where(squeeze, (1 + (torch.rand(B, generator=gen) * span_pad).long())
                               * (torch.rand(B, generator=gen) < 0.25), pad * span)
-            lines = line_span(b.ids[:, b.prompt_len :], line_id, gen) if line_id is not None else None
-            if lines is None:
+            if line_id is not None:  # whole lines of code
+                at, to = line_span(b.ids[:, b.prompt_len :], line_id, gen)
+            else:
                 short = 1 + (torch.rand(B, generator=gen) * min(EXPAND_SPAN, G)).long()
-                lines = ((torch.rand(B, generator=gen) * (G - short + 1)).long(), None)
-                lines = (lines[0], lines[0] + short)
-            start = torch.where(squeeze, lines[0], start)
-            end = torch.where(squeeze, lines[1], end)
+                at = (torch.rand(B, generator=gen) * (G - short + 1)).long()
+                to = at + short
+            start, end = torch.where(squeeze, at, start), torch.where(squeeze, to, end)
             # half of them wholly hidden (as a hole is when its decode starts), the rest mostly
             t = torch.where(squeeze, torch.where(torch.rand(B, generator=gen) < 0.5, 1.0, 0.5 + 0.5 * t), t)
             region, hidden, valid = expand_span(b.ids[:, b.prompt_len :], start, end, pad, squeeze, t, eos_id,
