@@ -1,7 +1,8 @@
 """Holes of unknown length on the embedded task model (issue 47): the same held-out holes decoded
 with the true length, with only a bound (`hole_length` "bound", the default: `max_tokens` 8), and
-with a fixed length of 8 (`hole_length` "exact"), at one token per forward and at the fast
-defaults (threshold 0.9, DualCache), paired, with intervals.
+with a fixed length of 8 (`hole_length` "exact"), and decoded at every length up to 8 with the
+fill they agree on kept (`hole_length` "consensus", engine/consensus.py), at one token per forward
+and at the fast defaults (threshold 0.9, DualCache), paired, with intervals.
 
 Holes: per task, the `report` split's examples (never used to choose the method: it was chosen
 on holes of the `selection` split), answers of 3 words or more; in each a span of 1-4 words with
@@ -130,7 +131,8 @@ def main() -> None:
         rows[f"true length ({schedule})"] = run(llm, hs, true_len, schedule, "exact", a.batch)
         rows[f"bound {BOUND} ({schedule})"] = run(llm, hs, lambda h: BOUND, schedule, "bound", a.batch)
         rows[f"fixed {BOUND} ({schedule})"] = run(llm, hs, lambda h: BOUND, schedule, "exact", a.batch)
-        for name in (f"bound {BOUND} ({schedule})", f"fixed {BOUND} ({schedule})"):
+        rows[f"consensus {BOUND} ({schedule})"] = run(llm, hs, lambda h: BOUND, schedule, "consensus", a.batch)
+        for name in (f"bound {BOUND} ({schedule})", f"fixed {BOUND} ({schedule})", f"consensus {BOUND} ({schedule})"):
             rows[name]["vs_true"] = paired_bootstrap(rows[name]["flags"], rows[f"true length ({schedule})"]["flags"])
         for name, r in rows.items():
             if name.endswith(f"({schedule})"):
@@ -141,9 +143,10 @@ def main() -> None:
         true_t = lambda m: len(llm.tokenizer.encode(" " + m, add_special_tokens=False))  # noqa: E731
         for name, length, mode in (("templates: true length", true_t, "exact"),
                                    (f"templates: bound {BOUND}", lambda m: BOUND, "bound"),
-                                   (f"templates: fixed {BOUND}", lambda m: BOUND, "exact")):
+                                   (f"templates: fixed {BOUND}", lambda m: BOUND, "exact"),
+                                   (f"templates: consensus {BOUND}", lambda m: BOUND, "consensus")):
             rows[name] = run_templates(llm, ts, length, mode, a.batch)
-        for name in (f"templates: bound {BOUND}", f"templates: fixed {BOUND}"):
+        for name in (f"templates: bound {BOUND}", f"templates: fixed {BOUND}", f"templates: consensus {BOUND}"):
             rows[name]["vs_true"] = paired_bootstrap(rows[name]["flags"], rows["templates: true length"]["flags"])
         for name, r in rows.items():
             if name.startswith("templates"):

@@ -158,7 +158,8 @@ def main() -> None:
             ap.error("--code needs --threshold (chosen on the selection split by benchmarks/code_infill.py)")
         shape = {"gen_length": 64, "block_length": 32, "steps": 64}
         ship_code(Path(a.runs) / "code-diffusion", "default-code", a.n,
-                  {**shape, "policy": "threshold", "threshold": a.threshold, "cache": "dual"})
+                  {**shape, "policy": "threshold", "threshold": a.threshold, "cache": "dual",
+                   "hole_length": "consensus"})  # trained on exact-length spans (docs/infilling.md)
         ship_code(Path(a.runs) / "code-ar", "default-code-ar", a.n, {**shape, "block_length": 64})
         return
     if a.dflash:

@@ -147,8 +147,9 @@ def params_for(params: GenerationParams, t: Template, block_size: int | None = N
 
 def ends_at_suffix(params: GenerationParams) -> bool:
     """Whether a hole's middle ends where it goes on with the text after it (`hole_length` "bound",
-    the native default); an exact hole has its length, a growing one ends where the model deletes."""
-    return params.hole_length not in ("exact", "grow")
+    the native default); an exact hole has its length, a growing one ends where the model deletes,
+    a consensus hole is the exact hole of the length kept."""
+    return params.hole_length not in ("exact", "grow", "consensus")
 
 
 def cut_hole(t: Template, h: int, ids: list[int], stops, bounded: bool) -> tuple[list[int], bool, int]:

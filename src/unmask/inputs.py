@@ -125,6 +125,9 @@ def check_suffix(suffix: list[int], params: GenerationParams, arch: ArchConfig, 
         raise UnmaskError(f"suffix contains the mask token id {tokens.mask}")
     if params.hole_length == "grow":
         check_grow(params, tokens, takes)
+    if params.hole_length == "consensus" and takes.psm:
+        raise UnmaskError("hole_length 'consensus' decodes the hole at several exact lengths: a diffusion model's; "
+                          "an autoregressive model ends its middle itself (use 'bound')", param="hole_length")
     extra = 3 if takes.psm else 0  # the three fill-in-the-middle markers
     if prompt_len + params.gen_length + len(suffix) + extra > arch.max_positions:
         raise UnmaskError(f"{prompt_len} prompt tokens + gen_length {params.gen_length} + {len(suffix)} suffix tokens "

@@ -20,6 +20,7 @@ from unmask.compat import get_mode
 from unmask.constrain import Constraint
 from unmask.engine import Engine, EngineConfig, EngineLike, takes_for
 from unmask.engine.accept import accept, screen
+from unmask.engine.consensus import Consensus
 from unmask.errors import CheckpointError, UnmaskError
 from unmask import holes as holes_
 from unmask import infill as infill_
@@ -290,8 +291,11 @@ class LLM:
         rank 0's engine replayed on the other ranks (else every rank runs this same call)."""
         each = params if isinstance(params, list) else [params] * len(ids)
         params = each[0]
-        # every request joins at the first step, so none could reuse another's prompt: no prefix cache
-        config = EngineConfig(max_num_seqs=len(ids), max_waiting=len(ids), trace_limit=None, prefix_cache_mb=0)
+        # every request joins at the first step, so none could reuse another's prompt: no prefix cache;
+        # a hole decoded at several lengths takes a row for each (engine/consensus.py)
+        rows = sum(Consensus.rows(each[r], None if suffixes is None else suffixes[r],
+                                  None if fills is None else fills[r]) for r in range(len(ids)))
+        config = EngineConfig(max_num_seqs=rows, max_waiting=rows, trace_limit=None, prefix_cache_mb=0)
         engine = self.engine(config) if lockstep else self._engine(config)
         t0 = time.perf_counter()
         reqs = [engine.add_request(p, each[r], suffix=None if suffixes is None else suffixes[r],

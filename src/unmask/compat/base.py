@@ -65,7 +65,7 @@ class CompatMode:
         mode's rules are a model's own (a renoising model's native sampler is its reference's)."""
         self._need(p, p.refresh_interval is None, f"refresh_interval {p.refresh_interval}", subject)
         self._need(p, p.min_tokens == 0, f"min_tokens {p.min_tokens}", subject)
-        self._need(p, p.hole_length not in ("bound", "grow"),
+        self._need(p, p.hole_length not in ("bound", "grow", "consensus"),
                    f"hole_length {p.hole_length!r} (its holes have their exact length)", subject)
         self._need(p, p.top_k is None and p.top_p is None or self.top_k_top_p, "top_k / top_p", subject)
         self._need(p, p.confidence == "prob", f"confidence {p.confidence!r}", subject)

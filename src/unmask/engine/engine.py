@@ -22,6 +22,7 @@ generators (draws.py), the token budget, the trace ring and the outputs. The ref
 import itertools
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -29,11 +30,13 @@ import torch
 from unmask.constrain import Constraint, GrammarVocab, RowGrammar
 from unmask.engine import masked, renoise, speculative  # noqa: F401  (the shipped row kinds register)
 from unmask.engine.accept import accept
+from unmask.engine.consensus import Consensus
 from unmask.engine.draws import Draws
 from unmask.engine.kind import ROW_KINDS, KindContext, Report, RowKind, kind_for
 from unmask.engine.request import EngineConfig, Request, Status, StepOutput
 from unmask.engine.scheduler import Scheduler
 from unmask.errors import UnmaskError
+from unmask.holes import Template, params_for
 from unmask.inputs import check_constraint, check_fill, check_prompts, check_suffix, layout
 from unmask.models.base import DiffusionLM, TokenIds
 from unmask.params import GenerationParams
@@ -97,6 +100,7 @@ class Engine:
             KindContext(model, tokens, self.device, self.draws, drafter, int(self.config.prefix_cache_mb * 2**20)))
         self.takes = self.kind.takes(self.arch, tokens)  # what its requests may carry (engine/kind.py Takes)
         self._stop = set(tokens.stop)
+        self.consensus = Consensus(self._stop)  # holes decoded at several lengths (engine/consensus.py)
         self._ids = itertools.count()
         self.tokenizer = tokenizer
         self._vocab = None  # the tokenizer as the grammar engine sees it, built for the first constraint
@@ -141,11 +145,32 @@ class Engine:
         req = Request(rid, list(prompt), params, parts, time.perf_counter(), watch=watch,
                       stats=self.kind.Stats(), suffix=list(suffix or []), fill=fill, grammar=grammar,
                       logprobs=logprobs)
-        self.scheduler.add(req)
+        if len(self.scheduler.waiting) + self.consensus.rows(params, suffix, fill) > self.config.max_waiting:
+            raise UnmaskError(f"the queue is full ({self.config.max_waiting} requests waiting)")
+        rows = self._candidates(req) if self.consensus.wants(params, suffix, fill) else [req]
+        for r in rows:
+            self.scheduler.add(r)
+            if params.seed is not None:
+                self.draws.seed(r.id, params.seed)
         self.requests[rid] = req
-        if params.seed is not None:
-            self.draws.seed(rid, params.seed)
         return req
+
+    def _candidates(self, req: Request) -> list[Request]:
+        """A consensus hole's rows (engine/consensus.py): an exact hole per candidate length, its
+        blocks and tokens per step those of the request (holes.params_for)."""
+        what = ("a watched canvas" if req.watch else "structured output" if req.grammar is not None
+                else "logprobs" if req.logprobs is not None else None)
+        if what is not None:
+            raise UnmaskError(f"hole_length 'consensus' answers with one of several decodes once all are done; "
+                              f"{what} is not reported for it", param="hole_length")
+
+        def candidate(n: int) -> Request:
+            one = Template(req.prompt, [self.tokens.mask] * n, req.suffix, ((0, n),))
+            p = accept(params_for(replace(req.params, hole_length="exact"), one), self.arch, engine=True)
+            return Request(f"{req.id}/len{n}", req.prompt, p, self.kind.prepare(p), req.arrival,
+                           stats=self.kind.Stats(), suffix=req.suffix)
+
+        return self.consensus.split(req, candidate)
 
     def grammar(self, constraint: Constraint, params: GenerationParams, holes: bool = False) -> RowGrammar:
         """A constrained request's grammar state (its plan made for params.gen_length), or a named
@@ -162,11 +187,19 @@ class Engine:
         req = self.requests.get(request_id)
         if req is None or req.done:
             return False
-        if req.status == Status.WAITING:
-            self.scheduler.remove(req)
-        else:
-            self.kind.remove([self.kind.rows.reqs.index(req)])
-        self._finish(req, Status.ABORTED, "abort", None)
+        group = self.consensus.groups.get(request_id)
+        rows = [req] if group is None else [c for c in group.candidates if not c.done]
+        for r in rows:
+            if r in self.scheduler.waiting:
+                self.scheduler.remove(r)
+        running = [self.kind.rows.reqs.index(r) for r in rows if r.status == Status.RUNNING]
+        if running:
+            self.kind.remove(running)
+        for r in rows:
+            self._finish(r, Status.ABORTED, "abort", None)
+        if group is not None:
+            self._done(group)
+            self._finish(req, Status.ABORTED, "abort", None)
         return True
 
     def release(self, request_id: str) -> None:
@@ -270,7 +303,20 @@ class Engine:
                 answer = report.answers[i]
                 stopped = first_stop_index(answer, self._stop) is not None
                 self._finish(req, Status.FINISHED, "stop" if stopped else "length", answer)
+        if self.consensus.of:  # candidates' outputs become their requests' (engine/consensus.py)
+            outputs, done = self.consensus.report(outputs, now)
+            for group in done:
+                kept, out = self.consensus.finish(group, now)
+                self._done(group)
+                self._finish(group.request, Status.FINISHED, kept.finish_reason, kept.canvas)
+                outputs.append(out)
         return outputs
+
+    def _done(self, group) -> None:
+        """A consensus request's candidates are forgotten (their rows have left)."""
+        self.consensus.forget(group)
+        for c in group.candidates:
+            self.draws.forget(c.id)
 
     def _finish(self, req: Request, status: Status, reason: str, canvas: list[int] | None) -> None:
         req.status, req.finish_reason, req.finished = status, reason, time.perf_counter()

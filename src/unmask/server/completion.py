@@ -57,6 +57,10 @@ class Completion(HoleRounds):
         if self.diffusing and (logprobs is not None or call is not None):
             raise APIError(400, "diffusing streams whole canvases: no logprobs or forced tool calls with it",
                            param="diffusing")
+        holed = self.holes.get("suffix") or template is not None
+        if self.diffusing and holed and (self.rounds or params).hole_length == "consensus":
+            raise APIError(400, "diffusing streams one canvas as it fills; hole_length 'consensus' decodes the hole at "
+                           "several lengths and answers once they are done", param="diffusing")
         self.call_ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in range(body.n)] if call is not None else []
         self.rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         self.n = body.n
