@@ -22,6 +22,8 @@ def test_the_code_models_load_with_their_recipe(name):
     assert llm.arch.causal == (name == "default-code-ar") and llm.token_ids.fim is not None
     assert llm.tokenizer.vocab_size == 4096
     assert next(llm.model.parameters()).dtype.is_floating_point
+    # a hole given only a bound: decoded at several lengths (trained on exact-length spans, docs/infilling.md)
+    assert llm.default_params().hole_length == (None if llm.arch.causal else "consensus")  # None: "bound"
 
 
 @pytest.mark.slow

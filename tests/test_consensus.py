@@ -79,6 +79,23 @@ def test_a_consensus_request_streams_its_answer_once_and_abort_frees_its_rows(ll
     assert engine.abort("c") and again2.done and engine.num_waiting == 0
 
 
+def test_a_watched_consensus_request_shows_its_longest_candidate_then_the_answer(llada):
+    """The playground's view: each step the whole hole at the bound (its longest candidate's
+    canvas, nothing committed to the answer yet), and at the end the kept candidate's canvas."""
+    engine = Engine(llada.model, llada.token_ids, EngineConfig())
+    p = GenerationParams(**P, hole_length="consensus", hole_candidates=4)
+    req = engine.add_request([3, 4, 5], p, suffix=[20, 21], watch=True)
+    seen = []
+    while engine.has_unfinished():
+        seen += [o for o in engine.step() if o.request is req]
+    *steps, last = seen
+    assert len(steps) == 11 and all(len(o.canvas) == 12 and o.committed == 0 and not o.new_ids for o in steps)
+    assert sum(o.canvas.count(llada.token_ids.mask) for o in steps[:1]) == 11  # one token a step
+    assert last.finished and last.canvas == req.canvas and last.new_ids == req.canvas[: last.committed]
+    plain = llada._generate_engine([[3, 4, 5]], llada.accept(p), [[20, 21]]).results[0]
+    assert plain.raw_ids == req.canvas  # watching changes nothing
+
+
 def test_a_template_decodes_each_hole_by_consensus(llada):
     """Several holes take consensus one after another (the bounded holes' rounds): hole by hole,
     the same text as one hole with the template's text around it."""
@@ -93,10 +110,9 @@ def test_a_template_decodes_each_hole_by_consensus(llada):
 def test_consensus_refusals_name_the_setting(llada, embedded_ar_code):
     p = GenerationParams(**P, hole_length="consensus")
     engine = Engine(llada.model, llada.token_ids, EngineConfig(), tokenizer=llada.tokenizer)
-    for kw, what in ((dict(watch=True), "watched"), (dict(logprobs=1), "logprobs")):
-        with pytest.raises(UnmaskError, match=what) as e:
-            engine.add_request([3, 4], p, suffix=[20], **kw)
-        assert e.value.param == "hole_length"
+    with pytest.raises(UnmaskError, match="logprobs") as e:
+        engine.add_request([3, 4], p, suffix=[20], logprobs=1)
+    assert e.value.param == "hole_length"
     assert not engine.consensus.groups and engine.num_waiting == 0  # nothing half-added
     with pytest.raises(UnmaskError, match="hole_length 'consensus'"):
         llada.generate([[1, 2]], GenerationParams(**P, hole_length="consensus", compat="llada"), suffix=[[3, 4]])
@@ -111,7 +127,7 @@ def test_consensus_refusals_name_the_setting(llada, embedded_ar_code):
     assert not small.consensus.groups and small.num_waiting == 0
 
 
-def test_fim_endpoint_takes_a_consensus_hole(embedded):
+def test_fim_endpoint_stream_and_playground_take_a_consensus_hole(embedded):
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")
     from test_server import Server
@@ -130,5 +146,9 @@ def test_fim_endpoint_takes_a_consensus_hole(embedded):
         assert "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks) == want
         r = httpx.post(s.url + "/v1/completions", json={**body, "stream": True, "diffusing": True}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "diffusing"
+        with httpx.stream("POST", s.url + "/playground/stream", json=body, timeout=60) as st:  # the playground
+            events = [json.loads(ln[6:]) for ln in st.iter_lines() if ln.startswith("data: ")]
+        assert events[-1]["type"] == "done" and events[-1]["text"] == want
+        assert all(len(e["cells"]) == 8 for e in events[:-2] if e["type"] == "step")
     finally:
         s.stop()

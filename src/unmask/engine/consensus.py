@@ -12,7 +12,8 @@ cached K/V), and answers with the candidate whose text is, summed over the other
 to them (difflib's ratio on token ids): the fill the lengths agree on. The request streams
 nothing until every candidate is done; its forwards are those any candidate took part in (the
 batched forwards it waited for), its commits those of the candidate kept, its counters the
-candidates' summed.
+candidates' summed. A watched request (the playground) shows its longest candidate's canvas — the
+whole hole at the bound — as it fills, and at the end the kept candidate's.
 
 The engine owns the request table; this class owns the candidates of each consensus request
 (`Consensus.split` makes them, `Consensus.report` folds their step outputs into their request's)."""
@@ -100,7 +101,7 @@ class Consensus:
         """This step's outputs with the candidates' folded into their requests': the other
         requests' as they are, and the groups whose every candidate has finished (the caller
         finishes their requests with `finish`)."""
-        mine, done, forwards = [], [], {}
+        mine, done, forwards, views = [], [], {}, {}
         for o in outs:
             g = self.of.get(o.request.id)
             if g is None:
@@ -108,6 +109,8 @@ class Consensus:
                 continue
             g.streamed[o.request.id] += o.new_ids
             forwards[g.request.id] = max(forwards.get(g.request.id, 0), o.forwards)
+            if o.canvas is not None:  # a watched request's longest candidate (the whole hole)
+                views[g.request.id] = o
             if o.finished:
                 g.live -= 1
                 if g.live == 0:
@@ -116,6 +119,10 @@ class Consensus:
             r = self.groups[rid].request
             r.status, r.started = Status.RUNNING, r.started or now
             r.nfe += f
+        for rid, o in views.items():
+            if self.groups[rid].live:  # a finished group's last output is its answer (finish)
+                mine.append(StepOutput(self.groups[rid].request, 0, [], False, o.canvas, o.states, o.proposal,
+                                       forwards=forwards.get(rid, 0)))
         return mine, done
 
     def finish(self, g: Group, now: float) -> tuple[Request, StepOutput]:
@@ -133,4 +140,5 @@ class Consensus:
             r.stats.add(c.stats)
         r.commits = list(kept.commits)
         r.committed, r.first_commit = kept.committed, now
-        return kept, StepOutput(r, kept.committed, g.streamed[kept.id], True, tokens=len(answers[k]))
+        return kept, StepOutput(r, kept.committed, g.streamed[kept.id], True, list(kept.canvas) if r.watch else None,
+                                tokens=len(answers[k]))

@@ -158,17 +158,16 @@ class Engine:
     def _candidates(self, req: Request) -> list[Request]:
         """A consensus hole's rows (engine/consensus.py): an exact hole per candidate length, its
         blocks and tokens per step those of the request (holes.params_for)."""
-        what = ("a watched canvas" if req.watch else "structured output" if req.grammar is not None
-                else "logprobs" if req.logprobs is not None else None)
+        what = "structured output" if req.grammar is not None else "logprobs" if req.logprobs is not None else None
         if what is not None:
             raise UnmaskError(f"hole_length 'consensus' answers with one of several decodes once all are done; "
                               f"{what} is not reported for it", param="hole_length")
 
-        def candidate(n: int) -> Request:
+        def candidate(n: int) -> Request:  # a watched request is shown as its longest candidate
             one = Template(req.prompt, [self.tokens.mask] * n, req.suffix, ((0, n),))
             p = accept(params_for(replace(req.params, hole_length="exact"), one), self.arch, engine=True)
             return Request(f"{req.id}/len{n}", req.prompt, p, self.kind.prepare(p), req.arrival,
-                           stats=self.kind.Stats(), suffix=req.suffix)
+                           stats=self.kind.Stats(), suffix=req.suffix, watch=req.watch and n == req.params.gen_length)
 
         return self.consensus.split(req, candidate)
 
