@@ -113,6 +113,10 @@ def test_consensus_refusals_name_the_setting(llada, embedded_ar_code):
     with pytest.raises(UnmaskError, match="logprobs") as e:
         engine.add_request([3, 4], p, suffix=[20], logprobs=1)
     assert e.value.param == "hole_length"
+    with pytest.raises(UnmaskError, match="one by one") as e:
+        engine.add_request([3, 4], GenerationParams(**P, hole_length="consensus"), suffix=[20],
+                           fill=[llada.token_ids.mask] * 4 + [9] + [llada.token_ids.mask] * 7)
+    assert e.value.param == "hole_length"
     assert not engine.consensus.groups and engine.num_waiting == 0  # nothing half-added
     with pytest.raises(UnmaskError, match="hole_length 'consensus'"):
         llada.generate([[1, 2]], GenerationParams(**P, hole_length="consensus", compat="llada"), suffix=[[3, 4]])

@@ -147,6 +147,9 @@ class Engine:
                       logprobs=logprobs)
         if len(self.scheduler.waiting) + self.consensus.rows(params, suffix, fill) > self.config.max_waiting:
             raise UnmaskError(f"the queue is full ({self.config.max_waiting} requests waiting)")
+        if fill is not None and params.hole_length == "consensus":
+            raise UnmaskError("hole_length 'consensus' decodes one hole at several lengths; a template's holes take it "
+                              "one by one (LLM.infill), not as one region", param="hole_length")
         rows = self._candidates(req) if self.consensus.wants(params, suffix, fill) else [req]
         for r in rows:
             self.scheduler.add(r)
