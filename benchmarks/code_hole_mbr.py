@@ -45,7 +45,8 @@ def run(llm: LLM, exs: list[dict], length, hole_length: str, setting: dict, batc
         forwards += sum(r.nfe for r in out.results)
         computed += sum(rec.rows for rec in out.steps if rec.kind != "draft")  # every row of every forward
     sims = [difflib.SequenceMatcher(None, o, e["middle"], autojunk=False).ratio() for o, e in zip(outs, exs)]
-    return {"similarity": sum(sims) / len(sims), "sims": sims, "exact": sum(o == e["middle"] for o, e in zip(outs, exs)),
+    exact = sum(o == e["middle"] for o, e in zip(outs, exs))
+    return {"similarity": sum(sims) / len(sims), "sims": sims, "exact": exact,
             "forwards_per_hole": forwards / len(exs), "row_forwards_per_hole": computed / len(exs),
             "seconds_per_hole": seconds / len(exs),
             "samples": [{"want": e["middle"], "got": o} for e, o in list(zip(exs, outs))[:4]]}
@@ -76,7 +77,8 @@ def main() -> None:
             for row, r in rows.items():
                 print(f"{kind:6s} {name:26s} {row:14s} similarity {r['similarity']:.3f} "
                       f"{r.get('similarity_vs_true', '')}  forwards/hole {r['forwards_per_hole']:.1f} "
-                      f"(rows {r['row_forwards_per_hole']:.1f})  {1000 * r['seconds_per_hole']:.0f} ms/hole", flush=True)
+                      f"(rows {r['row_forwards_per_hole']:.1f})  {1000 * r['seconds_per_hole']:.0f} ms/hole",
+                      flush=True)
     write_json_atomic(a.out, res)
     print(f"wrote {a.out}")
 

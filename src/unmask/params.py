@@ -52,14 +52,15 @@ def _declared() -> dict[str, Knob]:
     out["early_stop"] = Knob(True, bool, "stop a row once its end of text is committed")
     out["hole_length"] = Knob(None, str, "a hole's length (text after it: a suffix): 'bound' (the default natively: "
                               "gen_length is the most it holds; the model's end of text, or its going on with the "
-                              "suffix's own text, ends the middle), 'grow' (a model with an expand token, DreamOn's: "
-                              "the hole starts at 4 masks, grows where the model writes the expand token and ends "
-                              "at its end of text, up to gen_length) or 'exact' (gen_length tokens, as a reference "
-                              "sampler decodes it; the default of compat modes) or 'consensus' (the hole decoded at hole_candidates "
-                              "lengths up to gen_length, the fill most like the others kept: engine/consensus.py)",
-                              choices(("bound", "grow", "exact", "consensus")), from_model=True)
+                              "suffix's own text, ends the middle), 'consensus' (the hole decoded at hole_candidates "
+                              "lengths up to gen_length, the fill they agree on kept: engine/consensus.py), 'grow' (a "
+                              "model with an expand token, DreamOn's: the hole starts at 4 masks, grows where the "
+                              "model writes the expand token and ends at its end of text, up to gen_length) or "
+                              "'exact' (gen_length tokens, as a reference sampler decodes it; the default of compat "
+                              "modes)", choices(("bound", "grow", "exact", "consensus")), from_model=True)
     out["hole_candidates"] = Knob(10, int, "hole_length 'consensus': how many lengths the hole is decoded at (spread "
-                                  "geometrically from 1 to gen_length)", positive_int, from_model=True)
+                                  "geometrically from an eighth of gen_length to gen_length)", positive_int,
+                                  from_model=True)
     out["min_tokens"] = Knob(0, int, "tokens of the answer (or of a hole) before which no end-of-text token is "
                              "proposed (vLLM's and Mistral's min_tokens)", non_negative_int)
     return out

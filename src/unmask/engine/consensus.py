@@ -1,15 +1,15 @@
-"""A hole decoded at several lengths, the fill most like the others kept (`hole_length`
-"consensus"; minimum Bayes risk over lengths, training-free: issue 47, docs/infilling.md).
+"""A hole decoded at several lengths, the fill most like the others kept (`hole_length` "consensus";
+minimum Bayes risk over lengths, training-free: issue 47, docs/infilling.md).
 
-A model trained on exact-length spans fills every mask it is given, so a hole's length decides
-its text. When the caller gives only a bound, the engine decodes the hole once per candidate
-length — `hole_candidates` lengths spread geometrically from an eighth of the bound (or
-min_tokens) to the bound: a prior that the middle is within a factor of eight of the bound,
-uniform in log-length (chosen on held-out code holes: from one token, single-line holes gained
-and multi-line ones lost; from half the bound, both lost) — each candidate an exact hole
-of its own (a row of the batch like any other: they decode together, in the same batched
-forwards; each computes its own K/V, the prompt's included), and answers with the candidate whose text is, summed over the others, most similar
-to them (difflib's ratio on token ids): the fill the lengths agree on. The request streams
+A model trained on exact-length spans fills every mask it is given, so a hole's length decides its
+text. When the caller gives only a bound, the engine decodes the hole once per candidate length —
+`hole_candidates` lengths spread geometrically from an eighth of the bound (or min_tokens) to the
+bound: a prior that the middle is within a factor of eight of the bound, uniform in log-length
+(chosen on held-out code holes: from one token, single-line holes gained and multi-line ones lost;
+from half the bound, both lost) — each candidate an exact hole of its own (a row of the batch like
+any other: they decode together, in the same batched forwards; each computes its own K/V, the
+prompt's included), and answers with the candidate whose text is, summed over the others, most
+similar to them (difflib's ratio on token ids): the fill the lengths agree on. The request streams
 nothing until every candidate is done; its forwards are those any candidate took part in (the
 batched forwards it waited for), its commits those of the candidate kept, its counters the
 candidates' summed. A watched request (the playground) shows its longest candidate's canvas — the
