@@ -137,19 +137,20 @@ def test_engine_requests_in_lockstep(tmp_path):
 
 
 def test_infilling_two_ranks_equal_one(tmp_path):
-    """Holes at N = 2: a suffix natively (rank 0's engine replayed), a suffix through a reference
-    mode (every rank runs the batch), and a template with two holes."""
+    """Holes at N = 2: a suffix natively (rank 0's engine replayed), decoded at several lengths
+    (consensus: the candidates' rows made on every rank), a suffix through a reference mode (every
+    rank runs the batch), and a template with two holes."""
     path = write_llada(tmp_path / "m")
     p = dict(gen_length=8, block_length=8, steps=8)
     suffixes = [[11, 12, 13], [14]]
     one = LLM(path)
-    want = [[r.raw_ids for r in one.generate(EQUAL, dict(p, **extra), suffix=suffixes).results]
-            for extra in ({}, {"compat": "fast-dllm"})]
+    extras = ({}, {"hole_length": "consensus", "hole_candidates": 4}, {"compat": "fast-dllm"})
+    want = [[r.raw_ids for r in one.generate(EQUAL, dict(p, **extra), suffix=suffixes).results] for extra in extras]
     template = "w1 w2 <|hole:3|> w5 <|hole:4|> w7"
     want_t = one.infill(template, {"policy": "threshold", "threshold": 0.3}).results[0].raw_ids
     with LLM(path, tensor_parallel=2) as two:
         got = [[r.raw_ids for r in two.generate(EQUAL, dict(p, **extra), suffix=suffixes).results]
-               for extra in ({}, {"compat": "fast-dllm"})]
+               for extra in extras]
         got_t = two.infill(template, {"policy": "threshold", "threshold": 0.3}).results[0].raw_ids
     assert got == want and got_t == want_t
 
