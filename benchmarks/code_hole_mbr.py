@@ -14,9 +14,7 @@ loop, not tokenisation).
 """
 
 import argparse
-import difflib
 import os
-import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -26,30 +24,11 @@ from unmask.bench.stats import paired_bootstrap  # noqa: E402
 from unmask.files import write_json_atomic  # noqa: E402
 from unmask.train.code import hole_examples  # noqa: E402
 
+from code_holes import run  # noqa: E402  (benchmarks/, beside this script)
+
 BOUNDS = {"single": 24, "multi": 64}
 SETTINGS = {"one token per forward": dict(policy="fixed", cache="none"),
             "threshold 0.3 + DualCache": dict(policy="threshold", threshold=0.3, cache="dual")}
-
-
-def run(llm: LLM, exs: list[dict], length, hole_length: str, setting: dict, batch: int, **extra) -> dict:
-    outs, forwards, computed, seconds = [], 0, 0, 0.0
-    for i in range(0, len(exs), batch):
-        part = exs[i : i + batch]
-        params = [llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e),
-                                     hole_length=hole_length, **setting, **extra) for e in part]
-        t = time.perf_counter()
-        out = llm._generate_engine(llm.encode([e["prefix"] for e in part], chat=False), params,
-                                   [llm.tokenizer.encode(e["suffix"], add_special_tokens=False) for e in part])
-        seconds += time.perf_counter() - t
-        outs += [r.text for r in out.results]
-        forwards += sum(r.nfe for r in out.results)
-        computed += sum(rec.rows for rec in out.steps if rec.kind != "draft")  # every row of every forward
-    sims = [difflib.SequenceMatcher(None, o, e["middle"], autojunk=False).ratio() for o, e in zip(outs, exs)]
-    exact = sum(o == e["middle"] for o, e in zip(outs, exs))
-    return {"similarity": sum(sims) / len(sims), "sims": sims, "exact": exact,
-            "forwards_per_hole": forwards / len(exs), "row_forwards_per_hole": computed / len(exs),
-            "seconds_per_hole": seconds / len(exs),
-            "samples": [{"want": e["middle"], "got": o} for e, o in list(zip(exs, outs))[:4]]}
 
 
 def main() -> None:
@@ -67,10 +46,10 @@ def main() -> None:
     for kind, bound in BOUNDS.items():
         exs = hole_examples(llm.tokenizer, a.split, kind, a.n)
         for name, setting in SETTINGS.items():
-            true = run(llm, exs, lambda e: e["middle_tokens"], "exact", setting, a.batch)
+            true = run(llm, exs, lambda e: e["middle_tokens"], "exact", a.batch, **setting)
             rows = {"true length": true}
             for mode in ("consensus", "bound"):
-                r = run(llm, exs, lambda e: bound, mode, setting, a.batch, **(extra if mode == "consensus" else {}))
+                r = run(llm, exs, lambda e: bound, mode, a.batch, **setting, **(extra if mode == "consensus" else {}))
                 r["similarity_vs_true"] = paired_bootstrap(r["sims"], true["sims"])
                 rows[f"{mode} {bound}"] = r
             res[f"{kind}, {name}"] = rows

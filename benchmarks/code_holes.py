@@ -29,24 +29,28 @@ from unmask.train.code import hole_examples  # noqa: E402
 BOUNDS = {"single": 24, "multi": 64}
 
 
-def run(llm: LLM, exs: list[dict], length, hole_length: str, batch: int, ar: bool = False) -> dict:
-    outs, forwards, seconds = [], 0, 0.0
+def run(llm: LLM, exs: list[dict], length, hole_length: str, batch: int, ar: bool = False, **given) -> dict:
+    """Every hole decoded (`length`: its gen_length, a function of the hole) in batches, at one
+    token per forward with no cache unless `given` says otherwise (the AR twin: its defaults)."""
+    outs, forwards, computed, seconds = [], 0, 0, 0.0
     for i in range(0, len(exs), batch):
         part = exs[i : i + batch]
         params = [llm.default_params(gen_length=length(e)) if ar else
-                  llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e), policy="fixed",
-                                     cache="none", hole_length=hole_length) for e in part]
+                  llm.default_params(gen_length=length(e), block_length=length(e), steps=length(e),
+                                     hole_length=hole_length, **{"policy": "fixed", "cache": "none", **given})
+                  for e in part]
         t = time.perf_counter()
         out = llm._generate_engine(llm.encode([e["prefix"] for e in part], chat=False), params,
                                    [llm.tokenizer.encode(e["suffix"], add_special_tokens=False) for e in part])
         seconds += time.perf_counter() - t
         outs += [r.text for r in out.results]
         forwards += sum(r.nfe for r in out.results)
+        computed += sum(rec.rows for rec in out.steps if rec.kind != "draft")  # every row of every forward
     flags = [o == e["middle"] for o, e in zip(outs, exs)]
     sims = [difflib.SequenceMatcher(None, o, e["middle"], autojunk=False).ratio() for o, e in zip(outs, exs)]
     return {"exact": sum(flags), "of": len(exs), "exact_ci95": wilson_interval(sum(flags), len(exs)),
             "similarity": sum(sims) / len(sims), "sims": sims, "forwards_per_hole": forwards / len(exs),
-            "seconds_per_hole": seconds / len(exs),
+            "row_forwards_per_hole": computed / len(exs), "seconds_per_hole": seconds / len(exs),
             "samples": [{"want": e["middle"], "got": o} for e, o in list(zip(exs, outs))[:4]]}
 
 
